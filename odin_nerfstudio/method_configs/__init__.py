@@ -1,0 +1,1 @@
+"""Method and dataparser specifications that nerfstudio discovers through entry points."""

@@ -1,0 +1,65 @@
+"""`odin-splat`: the method specification ns-train discovers.
+
+This module is loaded by every ns-* command through nerfstudio's entry points, so it imports only what the
+specifications need; heavy or optional libraries (pycolmap, scipy, matplotlib) load lazily where used.
+"""
+
+from __future__ import annotations
+
+from nerfstudio.configs.base_config import ViewerConfig
+from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+from nerfstudio.engine.optimizers import AdamOptimizerConfig
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+from nerfstudio.engine.trainer import TrainerConfig
+from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
+from nerfstudio.plugins.types import MethodSpecification
+
+from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
+from odin_nerfstudio.ns.model import OdinSplatModelConfig
+
+allow_nerfstudio_checkpoints()
+
+
+def _adam(lr: float) -> AdamOptimizerConfig:
+    """Adam with splatfacto's epsilon."""
+    return AdamOptimizerConfig(lr=lr, eps=1e-15)
+
+
+def odin_splat_optimizers(max_steps: int = 30000) -> dict:
+    """Splatfacto's per-group learning rates and schedules."""
+    warm = {"warmup_steps": 1000, "lr_pre_warmup": 0, "max_steps": max_steps}
+    return {
+        "means": {"optimizer": _adam(1.6e-4), "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=max_steps)},
+        "features_dc": {"optimizer": _adam(0.0025), "scheduler": None},
+        "features_rest": {"optimizer": _adam(0.0025 / 20), "scheduler": None},
+        "opacities": {"optimizer": _adam(0.05), "scheduler": None},
+        "scales": {"optimizer": _adam(0.005), "scheduler": None},
+        "quats": {"optimizer": _adam(0.001), "scheduler": None},
+        "camera_opt": {"optimizer": _adam(1e-4), "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, **warm)},
+        "bilateral_grid": {"optimizer": _adam(2e-3), "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, **warm)},
+    }
+
+
+odin_splat = MethodSpecification(
+    config=TrainerConfig(
+        method_name="odin-splat",
+        steps_per_eval_image=100,
+        steps_per_eval_batch=0,
+        steps_per_save=2000,
+        steps_per_eval_all_images=1000,
+        max_num_iterations=30000,
+        mixed_precision=False,
+        pipeline=VanillaPipelineConfig(
+            datamanager=FullImageDatamanagerConfig(
+                dataparser=OdinColmapDataParserConfig(load_3D_points=True),
+                cache_images_type="uint8",
+            ),
+            model=OdinSplatModelConfig(),
+        ),
+        optimizers=odin_splat_optimizers(),
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        vis="viewer",
+    ),
+    description="Odin: 3D Gaussian Splatting with primitive-level synchronization across workers (CPU or CUDA).",
+)

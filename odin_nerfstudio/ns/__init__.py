@@ -1,0 +1,1 @@
+"""The thin nerfstudio layer: model, dataparser, datamanager and checkpoint loading."""

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11) and install odin-nerfstudio with its pinned dependencies; a no-op when up to date.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+"$PYTHON" -c 'import sys; assert sys.version_info[:2] >= (3, 10), "odin-nerfstudio needs Python >= 3.10"'
+
+# open3d (imported by ns-export) needs libusb at load time; Debian images lack it.
+if ! ldconfig -p | grep -q 'libusb-1.0.so.0'; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        (apt-get update -qq && apt-get install -y -qq libusb-1.0-0) >/dev/null
+    else
+        echo "warning: libusb-1.0 is missing; ns-export needs it (sudo apt-get install libusb-1.0-0)" >&2
+    fi
+fi
+
+stamp=.venv/.odin-installed
+want="$(cat pyproject.toml requirements-lock.txt | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools
+echo "Installing odin-nerfstudio and its dependencies into .venv (nerfstudio, gsplat, torch: a few minutes)..."
+.venv/bin/python -m pip install --quiet -c requirements-lock.txt -e ".[test]"
+echo "$want" > "$stamp"
