@@ -1,0 +1,90 @@
+"""OdinSplatModel: CPU rendering and training steps, and LPIPS that never downloads at init."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.data.scene_box import SceneBox
+
+from odin_nerfstudio.ns.model import OdinSplatModelConfig, alexnet_weights_path
+
+
+def tiny_model(**overrides) -> torch.nn.Module:
+    """A model seeded with 300 coloured points in front of the camera of `front_camera`."""
+    generator = torch.Generator().manual_seed(0)
+    xyz = torch.rand(300, 3, generator=generator) - 0.5
+    xyz[:, 2] -= 3.0
+    rgb = (torch.rand(300, 3, generator=generator) * 255).round()
+    config = OdinSplatModelConfig(num_downscales=0, **overrides)
+    box = SceneBox(aabb=torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]]))
+    return config.setup(scene_box=box, num_train_data=1, seed_points=(xyz, rgb))
+
+
+def front_camera(width: int = 40, height: int = 30) -> Cameras:
+    """A pinhole camera at the origin looking down -z (nerfstudio's OpenGL convention)."""
+    return Cameras(
+        camera_to_worlds=torch.eye(4)[None, :3, :],
+        fx=40.0, fy=40.0, cx=width / 2, cy=height / 2, width=width, height=height,
+    )
+
+
+def test_model_lives_on_cpu_and_renders_there() -> None:
+    model = tiny_model()
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        outputs = model.get_outputs_for_camera(front_camera())
+    assert outputs["rgb"].shape == (30, 40, 3)
+    assert outputs["depth"].shape == (30, 40, 1)
+    assert float(outputs["accumulation"].max()) > 0.5, "the seeded points should cover part of the view"
+
+
+def test_a_training_step_moves_the_gaussians_and_feeds_densification() -> None:
+    model = tiny_model()
+    model.train()
+    optimizers = {name: torch.optim.Adam([p], lr=1e-2) for name, p in model.gauss_params.items()}
+    model.optimizers = optimizers
+    before = {name: p.detach().clone() for name, p in model.gauss_params.items()}
+    outputs = model.get_outputs(front_camera())
+    target = torch.full_like(outputs["rgb"], 0.25)
+    loss = model.get_loss_dict(outputs, {"image": target})["main_loss"]
+    loss.backward()
+    for optimizer in optimizers.values():
+        optimizer.step()
+    model.step_post_backward(0)
+    assert not torch.equal(before["means"], model.gauss_params["means"])
+    assert int((model.strategy_state["count"] > 0).sum()) > 0
+
+
+def test_lpips_is_skipped_with_one_warning_when_weights_are_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    model = tiny_model()
+    assert model.lpips is None
+    assert capsys.readouterr().out.count("LPIPS skipped") == 1
+    model.eval()
+    with torch.no_grad():
+        outputs = model.get_outputs_for_camera(front_camera())
+    metrics, images = model.get_image_metrics_and_images(outputs, {"image": torch.zeros(30, 40, 3)})
+    assert set(metrics) == {"psnr", "ssim"}
+    assert images["img"].shape == (30, 80, 3)
+    assert not list(tmp_path.rglob("*.pth")), "nothing may be downloaded"
+
+
+def test_lpips_is_reported_when_weights_are_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchvision.models import alexnet
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    alexnet_weights_path().parent.mkdir(parents=True)
+    torch.save(alexnet().state_dict(), alexnet_weights_path())
+    model = tiny_model()
+    assert model.lpips is not None
+    model.eval()
+    with torch.no_grad():
+        outputs = model.get_outputs_for_camera(front_camera(96, 72))
+    metrics, _ = model.get_image_metrics_and_images(outputs, {"image": torch.zeros(72, 96, 3)})
+    assert metrics["lpips"] >= 0.0
