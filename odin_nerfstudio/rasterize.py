@@ -1,0 +1,90 @@
+"""The one rasterization call Odin uses: gsplat 1.4.0's `rasterization` on CUDA, the pure-torch rasterizer on CPU.
+
+Why: the runtime and its tests must train the same model with or without a GPU. The signature, defaults, shapes
+and returned `(render, alpha, info)` are gsplat's, so callers (nerfstudio's splatfacto, gsplat's strategies) do
+not know which backend ran. CPU tensors never reach gsplat's CUDA entry points; options the CPU backend lacks
+raise a ValueError that says what to use instead.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from torch import Tensor
+from typing_extensions import Literal
+
+from odin_nerfstudio import cpu_rasterizer
+
+
+def rasterization(
+    means: Tensor,  # [N, 3]
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,  # [(C,) N, D] or [(C,) N, K, 3]
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    radius_clip: float = 0.0,
+    eps2d: float = 0.3,
+    sh_degree: Optional[int] = None,
+    packed: bool = True,
+    tile_size: int = 16,
+    backgrounds: Optional[Tensor] = None,
+    render_mode: Literal["RGB", "D", "ED", "RGB+D", "RGB+ED"] = "RGB",
+    sparse_grad: bool = False,
+    absgrad: bool = False,
+    rasterize_mode: Literal["classic", "antialiased"] = "classic",
+    channel_chunk: int = 32,
+    distributed: bool = False,
+    camera_model: Literal["pinhole", "ortho", "fisheye"] = "pinhole",
+    covars: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Dict]:
+    """Rasterize N Gaussians into C cameras with gsplat 1.4.0's call; see `gsplat.rendering.rasterization`.
+
+    CUDA tensors go to gsplat unchanged. CPU tensors go to `odin_nerfstudio.cpu_rasterizer.rasterization`, which
+    supports the non-packed pinhole path: pass `packed=False`; `distributed` and other camera models raise.
+    `sparse_grad` only acts with `packed=True` in gsplat and `channel_chunk` only bounds gsplat's kernel size, so
+    on CPU both change nothing.
+
+    Args:
+        means [N, 3], quats [N, 4], scales [N, 3], opacities [N], colors [(C,) N, D] or SH [(C,) N, K, 3],
+        viewmats [C, 4, 4], Ks [C, 3, 3], backgrounds [C, D], covars [N, 3, 3]; the rest as gsplat.
+
+    Returns:
+        render [C, H, W, X], alpha [C, H, W, 1], info (gsplat's meta dict).
+    """
+    tensors = {"means": means, "quats": quats, "scales": scales, "opacities": opacities, "colors": colors,
+               "viewmats": viewmats, "Ks": Ks, "backgrounds": backgrounds, "covars": covars}
+    devices = {name: t.device.type for name, t in tensors.items() if t is not None}
+    kinds = set(devices.values())
+    if len(kinds) > 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+    kind = kinds.pop()
+    if kind == "cuda":
+        from gsplat.rendering import rasterization as gsplat_rasterization
+
+        return gsplat_rasterization(
+            means, quats, scales, opacities, colors, viewmats, Ks, width, height, near_plane=near_plane,
+            far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d, sh_degree=sh_degree, packed=packed,
+            tile_size=tile_size, backgrounds=backgrounds, render_mode=render_mode, sparse_grad=sparse_grad,
+            absgrad=absgrad, rasterize_mode=rasterize_mode, channel_chunk=channel_chunk, distributed=distributed,
+            camera_model=camera_model, covars=covars)
+    if kind != "cpu":
+        raise ValueError(f"rasterization runs on CUDA (gsplat) or CPU (pure torch), got device type {kind!r}")
+    if packed:
+        raise ValueError("packed=True is not supported on CPU: pass packed=False (info then holds [C, N] tensors, "
+                         "as splatfacto and gsplat's DefaultStrategy with packed=False expect)")
+    if distributed:
+        raise ValueError("distributed=True needs gsplat's CUDA backend: on CPU render each rank's cameras with "
+                         "distributed=False (Odin synchronizes the Gaussians itself)")
+    if camera_model != "pinhole":
+        raise ValueError(f"camera_model={camera_model!r} is not supported on CPU: use 'pinhole', or CUDA tensors")
+    return cpu_rasterizer.rasterization(
+        means, quats, scales, opacities, colors, viewmats, Ks, width, height, near_plane=near_plane,
+        far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d, sh_degree=sh_degree, tile_size=tile_size,
+        backgrounds=backgrounds, render_mode=render_mode, absgrad=absgrad, rasterize_mode=rasterize_mode,
+        covars=covars)
