@@ -71,6 +71,18 @@ class RelativeLocalityGraph:
         """Number of undirected edges (co-observing view pairs)."""
         return self.weights.nnz // 2
 
+    def summary(self) -> dict[str, float]:
+        """Views, edges, mean and max edge weight, isolated views (no edge) and mean degree."""
+        weights = self.weights.data
+        return {
+            "views": self.num_views,
+            "edges": self.num_edges,
+            "mean_weight": float(weights.mean()) if weights.size else 0.0,
+            "max_weight": float(weights.max()) if weights.size else 0.0,
+            "isolated_views": int(np.count_nonzero(self.degree == 0)),
+            "mean_degree": float(self.degree.mean()),
+        }
+
     def fingerprint(self) -> str:
         """SHA-256 of the graph (structure, weights, point counts): identifies it in a saved schedule."""
         digest = hashlib.sha256()

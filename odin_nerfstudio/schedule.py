@@ -289,11 +289,19 @@ class Schedule:
             self._step(first + s, epoch, views, lag_mass[s], min(s, config.ring_size))
             for s, views in enumerate(groups)
         )
-        random_order = np.random.default_rng([config.seed, epoch, 1]).permutation(self.num_views)
-        random_step_of = np.empty(self.num_views, dtype=np.int64)
-        random_step_of[random_order] = np.arange(self.num_views) // config.step_size
-        random_mass = conflict_by_lag(self._edges, random_step_of, len(groups), 1)
+        random_mass = self.random_conflict_profile(epoch)
         return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=float(random_mass.sum()))
+
+    def random_conflict_profile(self, epoch: int) -> np.ndarray:
+        """Conflict mass of each step with its predecessor in epoch ``epoch``'s seeded random order, [steps_per_epoch].
+
+        The random order is a permutation drawn from (seed, epoch, 1) and chunked into steps of S views; its sum is
+        the epoch's ``random_conflict_mass``.
+        """
+        random_order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
+        random_step_of = np.empty(self.num_views, dtype=np.int64)
+        random_step_of[random_order] = np.arange(self.num_views) // self.config.step_size
+        return conflict_by_lag(self._edges, random_step_of, self.steps_per_epoch, 1)[:, 0]
 
     def _step(self, index: int, epoch: int, views: np.ndarray, lag_mass: np.ndarray, max_lag: int) -> Step:
         """Assemble one step: LPT tasks, conflict mass with the previous step and overlap window."""
@@ -310,6 +318,27 @@ class Schedule:
             conflict_mass=float(lag_mass[0]),
             overlap_window=tuple(range(index - depth, index)),
         )
+
+
+def describe(schedule: Schedule, epochs: int = 1) -> list[str]:
+    """Human-readable RLG and schedule statistics over the first ``epochs`` epochs, one line per topic.
+
+    Shared by the ``odin-schedule`` command and the training log, so both report the same numbers.
+    """
+    graph, stats, config = schedule.rlg.summary(), schedule.summary(epochs), schedule.config
+    short = schedule.num_views % config.step_size
+    return [
+        f"RLG: {graph['views']} views, {graph['edges']} edges, mean weight {graph['mean_weight']:.4f}, "
+        f"max weight {graph['max_weight']:.4f}, {graph['isolated_views']} isolated views",
+        f"schedule: W={config.num_workers} workers x B={config.views_per_worker} views = {config.step_size} views "
+        f"per step, {schedule.steps_per_epoch} steps per epoch"
+        + (f" (the last one short: {short} views)" if short else "")
+        + f", seed {config.seed}",
+        f"conflict mass between consecutive steps over {epochs} epoch(s): {stats['conflict_mass']:.4f} scheduled "
+        f"vs {stats['random_conflict_mass']:.4f} random order, ratio {stats['ratio']:.3f}",
+        f"balance (max/mean predicted worker cost, averaged over full steps): {stats['balance']:.3f}; "
+        f"mean overlap window {stats['mean_overlap_window']:.2f} steps (ring size {config.ring_size})",
+    ]
 
 
 def predicted_view_cost(num_points: np.ndarray, pixels: np.ndarray | None, config: ScheduleConfig) -> np.ndarray:

@@ -7,7 +7,6 @@ specifications need; heavy or optional libraries (pycolmap, scipy, matplotlib) l
 from __future__ import annotations
 
 from nerfstudio.configs.base_config import ViewerConfig
-from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from nerfstudio.engine.trainer import TrainerConfig
@@ -15,6 +14,7 @@ from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
 
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.ns.datamanager import OdinDatamanagerConfig
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
 
@@ -51,7 +51,7 @@ odin_splat = MethodSpecification(
         max_num_iterations=30000,
         mixed_precision=False,
         pipeline=VanillaPipelineConfig(
-            datamanager=FullImageDatamanagerConfig(
+            datamanager=OdinDatamanagerConfig(
                 dataparser=OdinColmapDataParserConfig(load_3D_points=True),
                 cache_images_type="uint8",
             ),
