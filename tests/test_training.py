@@ -58,10 +58,12 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
 
 
 def test_a_broken_optional_import_does_not_break_ns_train() -> None:
-    """With pycolmap, scipy and the rasterizer unimportable, nerfstudio still discovers every method."""
+    """With pycolmap, the rasterizer and the RLG/schedule modules unimportable, nerfstudio still finds every method."""
+    hidden = ("pycolmap", "odin_nerfstudio.rasterize", "odin_nerfstudio.cpu_rasterizer", "odin_nerfstudio.tracks",
+              "odin_nerfstudio.rlg", "odin_nerfstudio.schedule")
     code = (
         "import sys\n"
-        "for name in ('pycolmap', 'scipy', 'odin_nerfstudio.rasterize', 'odin_nerfstudio.cpu_rasterizer'):\n"
+        f"for name in {hidden!r}:\n"
         "    sys.modules[name] = None\n"
         "from nerfstudio.configs.method_configs import all_methods\n"
         "from nerfstudio.configs.dataparser_configs import all_dataparsers\n"
@@ -92,13 +94,14 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     run_cli(*common, "--max-num-iterations", "20", "--steps-per-save", "10", "--timestamp", "first")
     first = tmp_path / "fern" / "odin-splat" / "first"
     assert (first / "nerfstudio_models" / "step-000000019.ckpt").exists()
+    assert list(first.glob("events.out.tfevents.*")), "tensorboard events are written"
 
-    run_cli(*common, "--max-num-iterations", "30", "--steps-per-save", "10", "--timestamp", "resumed",
+    run_cli(*common, "--max-num-iterations", "10", "--steps-per-save", "10", "--timestamp", "resumed",
             "--load-dir", str(first / "nerfstudio_models"))
     resumed = tmp_path / "fern" / "odin-splat" / "resumed"
     allow_nerfstudio_checkpoints()
     checkpoint = torch.load(resumed / "nerfstudio_models" / "step-000000029.ckpt", map_location="cpu")
-    assert checkpoint["step"] == 29
+    assert checkpoint["step"] == 29, "the resumed run continues from step 20 for 10 more iterations"
 
     run_cli("ns-eval", "--load-config", str(resumed / "config.yml"), "--output-path", str(tmp_path / "eval.json"))
     results = json.loads((tmp_path / "eval.json").read_text())["results"]
@@ -109,3 +112,13 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     ply = (tmp_path / "export" / "splat.ply").read_bytes()
     vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
     assert vertices == checkpoint["pipeline"]["_model.gauss_params.means"].shape[0]
+
+
+@pytest.mark.slow
+def test_wandb_logs_offline_without_network(tmp_path: Path) -> None:
+    kermit = real_scene("kermit")
+    run_cli("ns-train", "odin-splat", "--data", str(kermit), "--machine.device-type", "cpu", "--vis", "wandb",
+            "--viewer.quit-on-train-completion", "True", *SMALL_ARGS, "--output-dir", str(tmp_path),
+            "--max-num-iterations", "3", "--steps-per-save", "3", "--timestamp", "wb")
+    runs = list((tmp_path / "kermit" / "odin-splat" / "wb" / "wandb").glob("offline-run-*/*.wandb"))
+    assert runs and runs[0].stat().st_size > 0
