@@ -112,19 +112,29 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
     median = statistics.median(totals)
     peak_label = "peak RSS during the builds" if peak_is_build_only else "peak RSS of the process (reset unavailable)"
     return [
-        ("city", f"{args.views:,} views, {city.num_points:,} points, {observations:,} observations, "
-         f"mean track length {city.mean_track_length:.2f}"),
+        (
+            "city",
+            f"{args.views:,} views, {city.num_points:,} points, {observations:,} observations, "
+            f"mean track length {city.mean_track_length:.2f}",
+        ),
         ("city generation (not part of the compile)", f"{generate_s:.2f} s"),
         ("RLG", f"{schedule.rlg.num_edges:,} edges, mean degree {schedule.rlg.degree.mean():.1f}"),
         ("schedule", f"W={args.workers}, B={args.views_per_worker}, one epoch of {schedule.steps_per_epoch:,} steps"),
-        ("compile time, median (RLG + schedule)",
-         f"{median:.2f} s (target < {TARGET_SECONDS:.0f} s: {'met' if median < TARGET_SECONDS else 'NOT met'})"),
+        (
+            "compile time, median (RLG + schedule)",
+            f"{median:.2f} s (target < {TARGET_SECONDS:.0f} s: {'met' if median < TARGET_SECONDS else 'NOT met'})",
+        ),
         ("compile times, each run", ", ".join(f"{r:.2f} + {s:.2f} = {r + s:.2f} s" for r, s in timings)),
-        (peak_label, f"{peak_kib / 2**20:.2f} GiB (target < {TARGET_GIB:.0f} GiB: "
-         f"{'met' if peak_kib / 2**20 < TARGET_GIB else 'NOT met'})"),
+        (
+            peak_label,
+            f"{peak_kib / 2**20:.2f} GiB (target < {TARGET_GIB:.0f} GiB: "
+            f"{'met' if peak_kib / 2**20 < TARGET_GIB else 'NOT met'})",
+        ),
         ("RSS delta of the build (peak - RSS before)", f"{(peak_kib - baseline_kib) / 2**20:.2f} GiB"),
-        ("conflict mass, scheduled / random order",
-         f"{summary['conflict_mass']:.3f} / {summary['random_conflict_mass']:.3f} (ratio {summary['ratio']:.3f})"),
+        (
+            "conflict mass, scheduled / random order",
+            f"{summary['conflict_mass']:.3f} / {summary['random_conflict_mass']:.3f} (ratio {summary['ratio']:.3f})",
+        ),
         ("balance (max/mean worker cost per step)", f"{summary['balance']:.3f}"),
         ("mean overlap window (steps)", f"{summary['mean_overlap_window']:.2f}"),
     ]

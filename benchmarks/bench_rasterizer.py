@@ -53,8 +53,18 @@ def make_scene(n: int = 20_000, width: int = 126, height: int = 94, seed: int = 
 def step(scene: Dict[str, object], params: Dict[str, torch.Tensor]) -> Dict[str, object]:
     """One forward + backward (L1 to a constant target, DefaultStrategy's retain_grad on means2d)."""
     render, alpha, info = rasterization(
-        params["means"], params["quats"], params["scales"], params["opacities"], params["colors"],
-        scene["viewmats"], scene["Ks"], scene["width"], scene["height"], sh_degree=3, packed=False)
+        params["means"],
+        params["quats"],
+        params["scales"],
+        params["opacities"],
+        params["colors"],
+        scene["viewmats"],
+        scene["Ks"],
+        scene["width"],
+        scene["height"],
+        sh_degree=3,
+        packed=False,
+    )
     info["means2d"].retain_grad()
     (render - 0.5).abs().mean().backward()
     return info
@@ -65,11 +75,14 @@ def machine() -> str:
     cpu = platform.processor() or "unknown"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
-    return (f"CPU {cpu}; Python {platform.python_version()}; torch {torch.__version__}; "
-            f"torch threads {torch.get_num_threads()}")
+    return (
+        f"CPU {cpu}; Python {platform.python_version()}; torch {torch.__version__}; "
+        f"torch threads {torch.get_num_threads()}"
+    )
 
 
 def write_section(text: str) -> None:
@@ -113,19 +126,20 @@ def main(argv: List[str] | None = None) -> None:
 
     command = "python " + " ".join(["benchmarks/bench_rasterizer.py", *(argv if argv is not None else sys.argv[1:])])
     median, best = statistics.median(times), min(times)
-    text = "\n".join([
-        "## CPU rasterizer (odin_nerfstudio.cpu_rasterizer)",
-        "",
-        f"- command: `{command}` (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
-        f"- machine: {machine()}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
-        f"- scene: 20,000 Gaussians ({visible} visible), 126x94, one camera, SH degree 3, render_mode RGB, "
-        "seed 0",
-        f"- forward + backward: median {median:.3f} s, min {best:.3f} s over {len(times)} runs "
-        f"(after {args.warmup} warm-up); target <= {TARGET_S:.1f} s",
-        f"- peak resident memory: {peak_mb:.0f} MB for the process, {peak_mb - rss_before_mb:.0f} MB above the "
-        f"{rss_before_mb:.0f} MB it held before the first pass (imports and scene)",
-    ])
+    text = "\n".join(
+        [
+            "## CPU rasterizer (odin_nerfstudio.cpu_rasterizer)",
+            "",
+            f"- command: `{command}` (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
+            f"- machine: {machine()}",
+            f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+            f"- scene: 20,000 Gaussians ({visible} visible), 126x94, one camera, SH degree 3, render_mode RGB, seed 0",
+            f"- forward + backward: median {median:.3f} s, min {best:.3f} s over {len(times)} runs "
+            f"(after {args.warmup} warm-up); target <= {TARGET_S:.1f} s",
+            f"- peak resident memory: {peak_mb:.0f} MB for the process, {peak_mb - rss_before_mb:.0f} MB above the "
+            f"{rss_before_mb:.0f} MB it held before the first pass (imports and scene)",
+        ]
+    )
     print(text)
     if not args.no_write:
         write_section(text)

@@ -97,15 +97,40 @@ def rasterization(
         "tiles_per_gauss" [C, N] int32, "width", "height", "tile_size", "n_cameras".
     """
     C = viewmats.shape[0]
-    _check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, sh_degree, backgrounds, render_mode,
-                  rasterize_mode, covars, width, height, tile_size)
+    _check_inputs(
+        means,
+        quats,
+        scales,
+        opacities,
+        colors,
+        viewmats,
+        Ks,
+        sh_degree,
+        backgrounds,
+        render_mode,
+        rasterize_mode,
+        covars,
+        width,
+        height,
+        tile_size,
+    )
     if covars is None:
         covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False)
     else:
         covars = covars.triu() + covars.triu(1).transpose(-1, -2)
     radii, means2d, depths, conics, compensations, covars2d = project(
-        means, covars, viewmats, Ks, width, height, near_plane, far_plane, radius_clip, eps2d,
-        rasterize_mode == "antialiased")
+        means,
+        covars,
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane,
+        far_plane,
+        radius_clip,
+        eps2d,
+        rasterize_mode == "antialiased",
+    )
     opacities = opacities.repeat(C, 1)
     if compensations is not None:
         opacities = opacities * compensations
@@ -128,10 +153,12 @@ def rasterization(
 
     tile_width, tile_height = math.ceil(width / tile_size), math.ceil(height / tile_size)
     tile_lo, tile_hi = tile_box(means2d, radii, tile_size, tile_width, tile_height)
-    gaussian_ids, pixel_ids = composited_pairs(means2d, conics, covars2d, opacities, depths, radii, tile_lo, tile_hi,
-                                               width, height, tile_size)
-    render, alpha = composite(means2d, conics, opacities, features, gaussian_ids, pixel_ids, width, height,
-                              backgrounds, absgrad)
+    gaussian_ids, pixel_ids = composited_pairs(
+        means2d, conics, covars2d, opacities, depths, radii, tile_lo, tile_hi, width, height, tile_size
+    )
+    render, alpha = composite(
+        means2d, conics, opacities, features, gaussian_ids, pixel_ids, width, height, backgrounds, absgrad
+    )
     if render_mode in ("ED", "RGB+ED"):
         render = torch.cat([render[..., :-1], render[..., -1:] / alpha.clamp(min=1e-10)], dim=-1)
 
@@ -195,8 +222,13 @@ def project(
     det = torch.where(valid, det, torch.ones_like(det))
     compensations = torch.sqrt(torch.clamp(det_orig / det, min=0.0)) if calc_compensations else None
     conics = torch.stack(
-        [covars2d[..., 1, 1] / det, -(covars2d[..., 0, 1] + covars2d[..., 1, 0]) / 2.0 / det,
-         covars2d[..., 0, 0] / det], dim=-1)
+        [
+            covars2d[..., 1, 1] / det,
+            -(covars2d[..., 0, 1] + covars2d[..., 1, 0]) / 2.0 / det,
+            covars2d[..., 0, 0] / det,
+        ],
+        dim=-1,
+    )
 
     with torch.no_grad():
         b = (covars2d[..., 0, 0] + covars2d[..., 1, 1]) / 2
@@ -209,8 +241,9 @@ def project(
 
 
 @torch.no_grad()
-def tile_box(means2d: Tensor, radii: Tensor, tile_size: int, tile_width: int, tile_height: int
-             ) -> Tuple[Tensor, Tensor]:
+def tile_box(
+    means2d: Tensor, radii: Tensor, tile_size: int, tile_width: int, tile_height: int
+) -> Tuple[Tensor, Tensor]:
     """Tile range [lo, hi) that each Gaussian's radius box touches, as gsplat's `isect_tiles`.
 
     Args:
@@ -269,15 +302,25 @@ def composited_pairs(
     extent = torch.sqrt(2.0 * sigma_max[:, None] * variance) * 1.001 + 0.01
     extent = torch.where(torch.isfinite(extent) & (variance > 0), extent, torch.full_like(extent, float("inf")))
     size = torch.tensor([width, height])
-    box_lo = torch.maximum(tile_lo.reshape(-1, 2)[ids] * tile_size,
-                           torch.floor(mean - 0.5 - extent).clamp(-1, max(width, height)).long())
-    box_hi = torch.minimum(torch.minimum(tile_hi.reshape(-1, 2)[ids] * tile_size, size) - 1,
-                           torch.ceil(mean - 0.5 + extent).clamp(-1, max(width, height)).long())
+    box_lo = torch.maximum(
+        tile_lo.reshape(-1, 2)[ids] * tile_size, torch.floor(mean - 0.5 - extent).clamp(-1, max(width, height)).long()
+    )
+    box_hi = torch.minimum(
+        torch.minimum(tile_hi.reshape(-1, 2)[ids] * tile_size, size) - 1,
+        torch.ceil(mean - 0.5 + extent).clamp(-1, max(width, height)).long(),
+    )
     box_size = (box_hi - box_lo + 1).clamp(min=0)
     counts = box_size[:, 0] * box_size[:, 1]
     # One row per Gaussian: pixel-centre offset from its box corner, conic, opacity, box width, first pixel id.
-    table = torch.cat([mean - box_lo.to(mean.dtype) - 0.5, conics.reshape(-1, 3)[ids], opacity[:, None],
-                       box_size[:, :1].to(mean.dtype)], 1)
+    table = torch.cat(
+        [
+            mean - box_lo.to(mean.dtype) - 0.5,
+            conics.reshape(-1, 3)[ids],
+            opacity[:, None],
+            box_size[:, :1].to(mean.dtype),
+        ],
+        1,
+    )
     first_pixel = (camera * height + box_lo[:, 1]) * width + box_lo[:, 0]
 
     # Front to back in chunks; boxes whose pixels have all stopped are skipped, as gsplat's tiles stop early.
@@ -285,8 +328,9 @@ def composited_pairs(
     stopped = torch.zeros(C * height * width, dtype=torch.bool)
     kept_ids, kept_pixels = [], []
     for lo, hi in _chunks(counts, chunk_pairs):
-        running = _box_sums((~stopped).view(C, height, width), camera[lo:hi], box_lo[lo:hi],
-                            box_lo[lo:hi] + box_size[lo:hi])
+        running = _box_sums(
+            (~stopped).view(C, height, width), camera[lo:hi], box_lo[lo:hi], box_lo[lo:hi] + box_size[lo:hi]
+        )
         chunk_counts = torch.where(running > 0, counts[lo:hi], 0)
         owner, pixel_ids, alpha = _hits(table[lo:hi], first_pixel[lo:hi], chunk_counts, width)
         live = ~stopped[pixel_ids]
@@ -331,8 +375,7 @@ def _box_sums(mask: Tensor, camera: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
     size = torch.tensor([W, H])
     lo, hi = lo.clamp(min=0).minimum(size), hi.clamp(min=0).minimum(size)
     x0, y0, x1, y1 = lo[:, 0], lo[:, 1], hi[:, 0], hi[:, 1]
-    return (integral[camera, y1, x1] - integral[camera, y0, x1] - integral[camera, y1, x0]
-            + integral[camera, y0, x0])
+    return integral[camera, y1, x1] - integral[camera, y0, x1] - integral[camera, y1, x0] + integral[camera, y0, x0]
 
 
 def _hits(table: Tensor, first_pixel: Tensor, counts: Tensor, width: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -395,6 +438,7 @@ def composite(
     pixel_centres = torch.stack([pixel_ids % width, pixel_ids // width % height], dim=-1).to(means2d.dtype) + 0.5
     delta = means2d.reshape(-1, 2)[gaussian_ids] - pixel_centres
     if absgrad and delta.requires_grad:
+
         def store_absgrad(grad: Tensor) -> None:
             absolute = torch.zeros(C * N, 2, dtype=grad.dtype).index_add_(0, gaussian_ids, grad.abs())
             means2d.absgrad = absolute.reshape(C, N, 2)
@@ -411,7 +455,8 @@ def composite(
     weights = alpha * torch.exp(log_t_before).to(alpha.dtype)
     n_pixels = C * height * width
     render = torch.zeros(n_pixels, D, dtype=features.dtype).index_add(
-        0, pixel_ids, weights[:, None] * features.reshape(-1, D)[gaussian_ids])
+        0, pixel_ids, weights[:, None] * features.reshape(-1, D)[gaussian_ids]
+    )
     t_final = torch.exp(torch.zeros(n_pixels, dtype=log_t.dtype).index_add(0, pixel_ids, log_t)).to(alpha.dtype)
     render = render.reshape(C, height, width, D)
     t_final = t_final.reshape(C, height, width, 1)
@@ -457,14 +502,20 @@ def _check_inputs(
     require(rasterize_mode in RASTERIZE_MODES, f"rasterize_mode must be one of {RASTERIZE_MODES}")
     require(width > 0 and height > 0 and tile_size > 0, "width, height and tile_size must be positive")
     if sh_degree is None:
-        require((colors.dim() == 2 and colors.shape[0] == N) or (colors.dim() == 3 and colors.shape[:2] == (C, N)),
-                f"colors must be [N, D] or [C, N, D] when sh_degree is None, got {tuple(colors.shape)}")
+        require(
+            (colors.dim() == 2 and colors.shape[0] == N) or (colors.dim() == 3 and colors.shape[:2] == (C, N)),
+            f"colors must be [N, D] or [C, N, D] when sh_degree is None, got {tuple(colors.shape)}",
+        )
     else:
-        require((colors.dim() == 3 and colors.shape[0] == N and colors.shape[2] == 3)
-                or (colors.dim() == 4 and colors.shape[:2] == (C, N) and colors.shape[3] == 3),
-                f"colors must be SH coefficients [N, K, 3] or [C, N, K, 3], got {tuple(colors.shape)}")
-        require(0 <= sh_degree <= 4 and (sh_degree + 1) ** 2 <= colors.shape[-2],
-                f"sh_degree {sh_degree} needs (sh_degree + 1)^2 <= K = {colors.shape[-2]} and sh_degree <= 4")
+        require(
+            (colors.dim() == 3 and colors.shape[0] == N and colors.shape[2] == 3)
+            or (colors.dim() == 4 and colors.shape[:2] == (C, N) and colors.shape[3] == 3),
+            f"colors must be SH coefficients [N, K, 3] or [C, N, K, 3], got {tuple(colors.shape)}",
+        )
+        require(
+            0 <= sh_degree <= 4 and (sh_degree + 1) ** 2 <= colors.shape[-2],
+            f"sh_degree {sh_degree} needs (sh_degree + 1)^2 <= K = {colors.shape[-2]} and sh_degree <= 4",
+        )
     if backgrounds is not None:
         channels = 3 if sh_degree is not None else colors.shape[-1]
         require(backgrounds.shape == (C, channels), f"backgrounds must be [C, D] = [{C}, {channels}]")

@@ -57,8 +57,17 @@ def rasterization(
     Returns:
         render [C, H, W, X], alpha [C, H, W, 1], info (gsplat's meta dict).
     """
-    tensors = {"means": means, "quats": quats, "scales": scales, "opacities": opacities, "colors": colors,
-               "viewmats": viewmats, "Ks": Ks, "backgrounds": backgrounds, "covars": covars}
+    tensors = {
+        "means": means,
+        "quats": quats,
+        "scales": scales,
+        "opacities": opacities,
+        "colors": colors,
+        "viewmats": viewmats,
+        "Ks": Ks,
+        "backgrounds": backgrounds,
+        "covars": covars,
+    }
     devices = {name: t.device.type for name, t in tensors.items() if t is not None}
     kinds = set(devices.values())
     if len(kinds) > 1:
@@ -68,23 +77,65 @@ def rasterization(
         from gsplat.rendering import rasterization as gsplat_rasterization
 
         return gsplat_rasterization(
-            means, quats, scales, opacities, colors, viewmats, Ks, width, height, near_plane=near_plane,
-            far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d, sh_degree=sh_degree, packed=packed,
-            tile_size=tile_size, backgrounds=backgrounds, render_mode=render_mode, sparse_grad=sparse_grad,
-            absgrad=absgrad, rasterize_mode=rasterize_mode, channel_chunk=channel_chunk, distributed=distributed,
-            camera_model=camera_model, covars=covars)
+            means,
+            quats,
+            scales,
+            opacities,
+            colors,
+            viewmats,
+            Ks,
+            width,
+            height,
+            near_plane=near_plane,
+            far_plane=far_plane,
+            radius_clip=radius_clip,
+            eps2d=eps2d,
+            sh_degree=sh_degree,
+            packed=packed,
+            tile_size=tile_size,
+            backgrounds=backgrounds,
+            render_mode=render_mode,
+            sparse_grad=sparse_grad,
+            absgrad=absgrad,
+            rasterize_mode=rasterize_mode,
+            channel_chunk=channel_chunk,
+            distributed=distributed,
+            camera_model=camera_model,
+            covars=covars,
+        )
     if kind != "cpu":
         raise ValueError(f"rasterization runs on CUDA (gsplat) or CPU (pure torch), got device type {kind!r}")
     if packed:
-        raise ValueError("packed=True is not supported on CPU: pass packed=False (info then holds [C, N] tensors, "
-                         "as splatfacto and gsplat's DefaultStrategy with packed=False expect)")
+        raise ValueError(
+            "packed=True is not supported on CPU: pass packed=False (info then holds [C, N] tensors, "
+            "as splatfacto and gsplat's DefaultStrategy with packed=False expect)"
+        )
     if distributed:
-        raise ValueError("distributed=True needs gsplat's CUDA backend: on CPU render each rank's cameras with "
-                         "distributed=False (Odin synchronizes the Gaussians itself)")
+        raise ValueError(
+            "distributed=True needs gsplat's CUDA backend: on CPU render each rank's cameras with "
+            "distributed=False (Odin synchronizes the Gaussians itself)"
+        )
     if camera_model != "pinhole":
         raise ValueError(f"camera_model={camera_model!r} is not supported on CPU: use 'pinhole', or CUDA tensors")
     return cpu_rasterizer.rasterization(
-        means, quats, scales, opacities, colors, viewmats, Ks, width, height, near_plane=near_plane,
-        far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d, sh_degree=sh_degree, tile_size=tile_size,
-        backgrounds=backgrounds, render_mode=render_mode, absgrad=absgrad, rasterize_mode=rasterize_mode,
-        covars=covars)
+        means,
+        quats,
+        scales,
+        opacities,
+        colors,
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane=near_plane,
+        far_plane=far_plane,
+        radius_clip=radius_clip,
+        eps2d=eps2d,
+        sh_degree=sh_degree,
+        tile_size=tile_size,
+        backgrounds=backgrounds,
+        render_mode=render_mode,
+        absgrad=absgrad,
+        rasterize_mode=rasterize_mode,
+        covars=covars,
+    )

@@ -142,6 +142,4 @@ def jaccard_weights(incidence: sp.csr_matrix) -> sp.csr_matrix:
     weights = shared / (sizes[rows] + sizes[cols] - shared)
     indptr = np.zeros(incidence.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=incidence.shape[0]), out=indptr[1:])
-    return sp.csr_matrix(
-        (weights, cols, indptr.astype(cols.dtype)), shape=(incidence.shape[0], incidence.shape[0])
-    )
+    return sp.csr_matrix((weights, cols, indptr.astype(cols.dtype)), shape=(incidence.shape[0], incidence.shape[0]))

@@ -286,8 +286,7 @@ class Schedule:
         lag_mass = conflict_by_lag(self._edges, step_of, len(groups), config.ring_size)
         first = epoch * self.steps_per_epoch
         steps = tuple(
-            self._step(first + s, epoch, views, lag_mass[s], min(s, config.ring_size))
-            for s, views in enumerate(groups)
+            self._step(first + s, epoch, views, lag_mass[s], min(s, config.ring_size)) for s, views in enumerate(groups)
         )
         random_mass = self.random_conflict_profile(epoch)
         return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=float(random_mass.sum()))

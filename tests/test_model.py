@@ -27,7 +27,12 @@ def front_camera(width: int = 40, height: int = 30) -> Cameras:
     """A pinhole camera at the origin looking down -z (nerfstudio's OpenGL convention)."""
     return Cameras(
         camera_to_worlds=torch.eye(4)[None, :3, :],
-        fx=40.0, fy=40.0, cx=width / 2, cy=height / 2, width=width, height=height,
+        fx=40.0,
+        fy=40.0,
+        cx=width / 2,
+        cy=height / 2,
+        width=width,
+        height=height,
     )
 
 

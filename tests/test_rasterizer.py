@@ -14,15 +14,27 @@ from odin_nerfstudio import cpu_rasterizer
 from odin_nerfstudio.rasterize import rasterization
 
 
-def make_scene(n: int, width: int, height: int, n_cameras: int = 1, sh_degree: Optional[int] = None,
-               seed: int = 0, dtype: torch.dtype = torch.float64, scale: float = 0.12,
-               opacity_range: tuple = (0.3, 0.95)) -> Dict[str, object]:
+def make_scene(
+    n: int,
+    width: int,
+    height: int,
+    n_cameras: int = 1,
+    sh_degree: Optional[int] = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    scale: float = 0.12,
+    opacity_range: tuple = (0.3, 0.95),
+) -> Dict[str, object]:
     """Random Gaussians in front of `n_cameras` pinhole cameras (a few off-screen and behind the first one)."""
     g = torch.Generator().manual_seed(seed)
     focal = 0.9 * width
     depth = 1.5 + 2.0 * torch.rand(n, generator=g, dtype=dtype)
-    xy = (torch.rand(n, 2, generator=g, dtype=dtype) * 2 - 1) * torch.tensor([width, height], dtype=dtype) \
-        / (2 * focal) * 1.3
+    xy = (
+        (torch.rand(n, 2, generator=g, dtype=dtype) * 2 - 1)
+        * torch.tensor([width, height], dtype=dtype)
+        / (2 * focal)
+        * 1.3
+    )
     means = torch.cat([xy * depth[:, None], depth[:, None]], dim=1)
     means[0, 2] = -1.0
     low, high = opacity_range
@@ -30,8 +42,11 @@ def make_scene(n: int, width: int, height: int, n_cameras: int = 1, sh_degree: O
     scales = scale * torch.exp(0.5 * torch.randn(n, 3, generator=g, dtype=dtype))
     opacities = low + (high - low) * torch.rand(n, generator=g, dtype=dtype)
     K = 1 if sh_degree is None else (sh_degree + 1) ** 2
-    colors = torch.rand(n, 3, generator=g, dtype=dtype) if sh_degree is None \
+    colors = (
+        torch.rand(n, 3, generator=g, dtype=dtype)
+        if sh_degree is None
         else 0.4 * torch.randn(n, K, 3, generator=g, dtype=dtype)
+    )
     viewmats = torch.eye(4, dtype=dtype).repeat(n_cameras, 1, 1)
     for c in range(1, n_cameras):
         viewmats[c, :3, 3] = torch.tensor([0.1 * c, -0.05 * c, 0.2 * c], dtype=dtype)
@@ -54,12 +69,18 @@ def render(scene: Dict[str, object], **kwargs) -> tuple:
     return rasterization(**scene, packed=False, **kwargs)
 
 
-def brute_force(scene: Dict[str, object], sh_degree: Optional[int], render_mode: str,
-                backgrounds: Optional[torch.Tensor], tile_size: int) -> tuple:
+def brute_force(
+    scene: Dict[str, object],
+    sh_degree: Optional[int],
+    render_mode: str,
+    backgrounds: Optional[torch.Tensor],
+    tile_size: int,
+) -> tuple:
     """gsplat's forward rules as a plain per-pixel Python loop over gsplat's reference projection."""
     covars, _ = _quat_scale_to_covar_preci(scene["quats"], scene["scales"], compute_preci=False)
     radii, means2d, depths, conics, _ = _fully_fused_projection(
-        scene["means"], covars, scene["viewmats"], scene["Ks"], scene["width"], scene["height"])
+        scene["means"], covars, scene["viewmats"], scene["Ks"], scene["width"], scene["height"]
+    )
     C, N = radii.shape
     colors = scene["colors"]
     if sh_degree is not None:
@@ -117,8 +138,7 @@ def test_compositing_matches_per_pixel_loop(sh_degree: Optional[int]) -> None:
     for render_mode in ("RGB", "RGB+ED"):
         for bg in (None, backgrounds):
             expected, expected_alpha, terminated = brute_force(scene, sh_degree, render_mode, bg, tile_size=8)
-            got, got_alpha, _ = render(scene, sh_degree=sh_degree, render_mode=render_mode, backgrounds=bg,
-                                       tile_size=8)
+            got, got_alpha, _ = render(scene, sh_degree=sh_degree, render_mode=render_mode, backgrounds=bg, tile_size=8)
             torch.testing.assert_close(got_alpha, expected_alpha, rtol=0, atol=1e-10)
             torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
             assert terminated > 0, "the scene should exercise early termination"
@@ -129,7 +149,8 @@ def test_chunked_pair_search_matches_one_chunk() -> None:
     scene = make_scene(50, 20, 12, n_cameras=2, seed=1, scale=0.3, opacity_range=(0.6, 0.99))
     covars, _ = _quat_scale_to_covar_preci(scene["quats"], scene["scales"], compute_preci=False)
     radii, means2d, depths, conics, _, covars2d = cpu_rasterizer.project(
-        scene["means"], covars, scene["viewmats"], scene["Ks"], 20, 12, 0.01, 1e10, 0.0, 0.3, False)
+        scene["means"], covars, scene["viewmats"], scene["Ks"], 20, 12, 0.01, 1e10, 0.0, 0.3, False
+    )
     opacities = scene["opacities"].repeat(2, 1)
     lo, hi = cpu_rasterizer.tile_box(means2d, radii, 8, 3, 2)
     args = (means2d, conics, covars2d, opacities, depths, radii, lo, hi, 20, 12, 8)
@@ -173,7 +194,8 @@ def test_projection_matches_gsplat_reference() -> None:
     covars, _ = _quat_scale_to_covar_preci(scene["quats"], scene["scales"], compute_preci=False)
     args = (scene["means"], covars, scene["viewmats"], scene["Ks"], 64, 48)
     ref_radii, ref_means2d, ref_depths, ref_conics, ref_comp = _fully_fused_projection(
-        *args, eps2d=0.3, near_plane=0.01, far_plane=1e10, calc_compensations=True)
+        *args, eps2d=0.3, near_plane=0.01, far_plane=1e10, calc_compensations=True
+    )
     radii, means2d, depths, conics, comp, _ = cpu_rasterizer.project(*args, 0.01, 1e10, 0.0, 0.3, True)
     assert radii.dtype == torch.int32 and radii.shape == (2, 500)
     assert torch.equal(radii, ref_radii)
@@ -190,24 +212,33 @@ def test_projection_matches_gsplat_reference() -> None:
     assert torch.equal(far_culled, torch.where(ref_depths <= 2.5, ref_radii, 0))
 
 
-@pytest.mark.parametrize("rasterize_mode,render_mode,sh_degree,n,scale,opacity_range", [
-    ("classic", "RGB", None, 6, 0.15, (0.3, 0.8)),
-    ("antialiased", "RGB+ED", 2, 6, 0.15, (0.3, 0.8)),
-    ("classic", "RGB+D", 1, 24, 0.6, (0.9, 0.99)),  # dense: many pixels stop early
-])
-def test_gradcheck(rasterize_mode: str, render_mode: str, sh_degree: Optional[int], n: int, scale: float,
-                   opacity_range: tuple) -> None:
+@pytest.mark.parametrize(
+    "rasterize_mode,render_mode,sh_degree,n,scale,opacity_range",
+    [
+        ("classic", "RGB", None, 6, 0.15, (0.3, 0.8)),
+        ("antialiased", "RGB+ED", 2, 6, 0.15, (0.3, 0.8)),
+        ("classic", "RGB+D", 1, 24, 0.6, (0.9, 0.99)),  # dense: many pixels stop early
+    ],
+)
+def test_gradcheck(
+    rasterize_mode: str, render_mode: str, sh_degree: Optional[int], n: int, scale: float, opacity_range: tuple
+) -> None:
     """float64 gradcheck w.r.t. means, quats, scales, opacities, colors (and background) on a tiny scene."""
-    scene = make_scene(n, 14, 10, n_cameras=2, sh_degree=sh_degree, seed=4, scale=scale,
-                       opacity_range=opacity_range)
+    scene = make_scene(n, 14, 10, n_cameras=2, sh_degree=sh_degree, seed=4, scale=scale, opacity_range=opacity_range)
     names = ("means", "quats", "scales", "opacities", "colors")
     bg = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], dtype=torch.float64, requires_grad=True)
 
     def f(*inputs: torch.Tensor):
         params = dict(zip(names, inputs[:-1]))
-        out, alpha, _ = rasterization(**{**scene, **params}, packed=False, sh_degree=sh_degree, tile_size=8,
-                                      backgrounds=inputs[-1], render_mode=render_mode,
-                                      rasterize_mode=rasterize_mode)
+        out, alpha, _ = rasterization(
+            **{**scene, **params},
+            packed=False,
+            sh_degree=sh_degree,
+            tile_size=8,
+            backgrounds=inputs[-1],
+            render_mode=render_mode,
+            rasterize_mode=rasterize_mode,
+        )
         return out, alpha
 
     inputs = [scene[k].clone().requires_grad_(True) for k in names] + [bg]
@@ -220,8 +251,7 @@ def test_absgrad_is_sum_of_per_pixel_abs_gradients() -> None:
     scene["means"].requires_grad_(True)
     out, alpha, info = render(scene, absgrad=True, tile_size=4)
     g = torch.Generator().manual_seed(0)
-    w, wa = torch.randn(out.shape, generator=g, dtype=out.dtype), torch.randn(alpha.shape, generator=g,
-                                                                              dtype=out.dtype)
+    w, wa = torch.randn(out.shape, generator=g, dtype=out.dtype), torch.randn(alpha.shape, generator=g, dtype=out.dtype)
     per_pixel = (out * w).sum(-1) + (alpha * wa).sum(-1)  # [C, H, W]
     means2d = info["means2d"]
     expected, signed = torch.zeros_like(means2d), torch.zeros_like(means2d)
@@ -258,19 +288,35 @@ def test_info_keys_and_empty_view() -> None:
 def test_default_strategy_runs_on_cpu(absgrad: bool) -> None:
     """gsplat's DefaultStrategy updates grad2d/count from `info`, then refines (grow, prune) on CPU."""
     scene = make_scene(200, 32, 24, sh_degree=1, seed=6, dtype=torch.float32, scale=0.05)
-    params = torch.nn.ParameterDict({
-        "means": scene["means"], "quats": scene["quats"], "scales": torch.log(scene["scales"]),
-        "opacities": torch.logit(scene["opacities"]), "sh0": scene["colors"][:, :1], "shN": scene["colors"][:, 1:],
-    })
+    params = torch.nn.ParameterDict(
+        {
+            "means": scene["means"],
+            "quats": scene["quats"],
+            "scales": torch.log(scene["scales"]),
+            "opacities": torch.logit(scene["opacities"]),
+            "sh0": scene["colors"][:, :1],
+            "shN": scene["colors"][:, 1:],
+        }
+    )
     optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
     strategy = DefaultStrategy(absgrad=absgrad, refine_start_iter=1, refine_every=2, grow_grad2d=1e-6)
     strategy.check_sanity(params, optimizers)
     state = strategy.initialize_state()
     for step in (1, 2):
         out, _, info = rasterization(
-            params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]),
-            torch.cat([params["sh0"], params["shN"]], 1), scene["viewmats"], scene["Ks"], 32, 24, sh_degree=1,
-            packed=False, absgrad=absgrad)
+            params["means"],
+            params["quats"],
+            torch.exp(params["scales"]),
+            torch.sigmoid(params["opacities"]),
+            torch.cat([params["sh0"], params["shN"]], 1),
+            scene["viewmats"],
+            scene["Ks"],
+            32,
+            24,
+            sh_degree=1,
+            packed=False,
+            absgrad=absgrad,
+        )
         strategy.step_pre_backward(params, optimizers, state, step, info)
         out.mean().backward()
         n_before = len(params["means"])
@@ -331,14 +377,32 @@ def test_cpu_matches_gsplat_cuda(rasterize_mode: str, render_mode: str) -> None:
     for device in ("cpu", "cuda"):
         params = {k: scene[k].detach().to(device).requires_grad_(True) for k in names}
         rest = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in scene.items() if k not in names}
-        out, alpha, info = rasterization(**params, **rest, sh_degree=3, packed=False, render_mode=render_mode,
-                                         rasterize_mode=rasterize_mode, absgrad=True)
+        out, alpha, info = rasterization(
+            **params,
+            **rest,
+            sh_degree=3,
+            packed=False,
+            render_mode=render_mode,
+            rasterize_mode=rasterize_mode,
+            absgrad=True,
+        )
         info["means2d"].retain_grad()
         w = torch.linspace(-1, 1, out.numel(), device=device).reshape(out.shape)
         ((out * w).sum() + alpha.sum()).backward()
-        results.append(tuple(t.detach().cpu() for t in (
-            out, alpha, info["radii"], info["means2d"], info["means2d"].grad, info["means2d"].absgrad,
-            *(params[k].grad for k in names))))
+        results.append(
+            tuple(
+                t.detach().cpu()
+                for t in (
+                    out,
+                    alpha,
+                    info["radii"],
+                    info["means2d"],
+                    info["means2d"].grad,
+                    info["means2d"].absgrad,
+                    *(params[k].grad for k in names),
+                )
+            )
+        )
     cpu, cuda = results
     assert (cpu[2] != cuda[2]).float().mean() < 1e-3  # radii: float rounding may flip an integer ceiling
     visible = (cpu[2] > 0) & (cuda[2] > 0)

@@ -210,7 +210,13 @@ def test_json_refuses_another_graph_or_costs_or_tampering(tmp_path: Path) -> Non
 
 def test_config_rejects_bad_values() -> None:
     """Non-positive counts and negative thresholds or costs are ValueErrors naming the field."""
-    for kwargs in ({"num_workers": 0}, {"views_per_worker": -1}, {"ring_size": 0}, {"seed": -1}, {"overlap_threshold": -0.1}):
+    for kwargs in (
+        {"num_workers": 0},
+        {"views_per_worker": -1},
+        {"ring_size": 0},
+        {"seed": -1},
+        {"overlap_threshold": -0.1},
+    ):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             ScheduleConfig(**kwargs)
     schedule = Schedule(RelativeLocalityGraph.from_point_sets(street_point_sets(4)))

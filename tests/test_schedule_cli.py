@@ -61,7 +61,10 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
     fern = real_scene("fern")
     result = subprocess.run(
         [sys.executable, "-m", "odin_nerfstudio.schedule_cli", "--data", str(fern), "--workers", "3"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RLG: 20 views, 190 edges" in result.stdout
@@ -76,8 +79,10 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
     [
         (["--data", "{missing}"], r"scene folder .*missing does not exist; pass --data <scene>"),
         (["--data", "{empty}"], r"COLMAP model folder .*sparse/0 does not exist"),
-        (["--data", "{fern}", "--workers", "8", "--views-per-step", "4"],
-         r"8 x 4 = 32 views per step, but the scene has only V = 20 views.*single short step.*W x B <= 20"),
+        (
+            ["--data", "{fern}", "--workers", "8", "--views-per-step", "4"],
+            r"8 x 4 = 32 views per step, but the scene has only V = 20 views.*single short step.*W x B <= 20",
+        ),
         (["--data", "{fern}", "--workers", "0"], r"invalid schedule options .*num_workers.*--workers"),
         (["--data", "{fern}", "--output", "{empty}/plot.jpg"], r"--output must name a .png file"),
     ],

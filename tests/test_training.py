@@ -23,7 +23,10 @@ SMALL_ARGS = ["--pipeline.model.num-downscales", "0", "--pipeline.datamanager.ca
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run an ns-* command from this environment; fail with its output when it fails."""
     result = subprocess.run(
-        [str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout,
+        [str(BIN / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "WANDB_MODE": "offline"},
     )
     assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
@@ -59,8 +62,14 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
 
 def test_a_broken_optional_import_does_not_break_ns_train() -> None:
     """With pycolmap, the rasterizer and the RLG/schedule modules unimportable, nerfstudio still finds every method."""
-    hidden = ("pycolmap", "odin_nerfstudio.rasterize", "odin_nerfstudio.cpu_rasterizer", "odin_nerfstudio.tracks",
-              "odin_nerfstudio.rlg", "odin_nerfstudio.schedule")
+    hidden = (
+        "pycolmap",
+        "odin_nerfstudio.rasterize",
+        "odin_nerfstudio.cpu_rasterizer",
+        "odin_nerfstudio.tracks",
+        "odin_nerfstudio.rlg",
+        "odin_nerfstudio.schedule",
+    )
     code = (
         "import sys\n"
         f"for name in {hidden!r}:\n"
@@ -89,15 +98,36 @@ def test_fern_psnr_improves_by_2db_in_100_iterations(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     fern = real_scene("fern")
-    common = ["ns-train", "odin-splat", "--data", str(fern), *CPU_ARGS, *SMALL_ARGS,
-              "--output-dir", str(tmp_path), "--steps-per-eval-all-images", "0", "--steps-per-eval-image", "0"]
+    common = [
+        "ns-train",
+        "odin-splat",
+        "--data",
+        str(fern),
+        *CPU_ARGS,
+        *SMALL_ARGS,
+        "--output-dir",
+        str(tmp_path),
+        "--steps-per-eval-all-images",
+        "0",
+        "--steps-per-eval-image",
+        "0",
+    ]
     run_cli(*common, "--max-num-iterations", "20", "--steps-per-save", "10", "--timestamp", "first")
     first = tmp_path / "fern" / "odin-splat" / "first"
     assert (first / "nerfstudio_models" / "step-000000019.ckpt").exists()
     assert list(first.glob("events.out.tfevents.*")), "tensorboard events are written"
 
-    run_cli(*common, "--max-num-iterations", "10", "--steps-per-save", "10", "--timestamp", "resumed",
-            "--load-dir", str(first / "nerfstudio_models"))
+    run_cli(
+        *common,
+        "--max-num-iterations",
+        "10",
+        "--steps-per-save",
+        "10",
+        "--timestamp",
+        "resumed",
+        "--load-dir",
+        str(first / "nerfstudio_models"),
+    )
     resumed = tmp_path / "fern" / "odin-splat" / "resumed"
     allow_nerfstudio_checkpoints()
     checkpoint = torch.load(resumed / "nerfstudio_models" / "step-000000029.ckpt", map_location="cpu")
@@ -107,8 +137,14 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "eval.json").read_text())["results"]
     assert results["psnr"] > 10.0
 
-    run_cli("ns-export", "gaussian-splat", "--load-config", str(resumed / "config.yml"),
-            "--output-dir", str(tmp_path / "export"))
+    run_cli(
+        "ns-export",
+        "gaussian-splat",
+        "--load-config",
+        str(resumed / "config.yml"),
+        "--output-dir",
+        str(tmp_path / "export"),
+    )
     ply = (tmp_path / "export" / "splat.ply").read_bytes()
     vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
     assert vertices == checkpoint["pipeline"]["_model.gauss_params.means"].shape[0]
@@ -117,8 +153,26 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_wandb_logs_offline_without_network(tmp_path: Path) -> None:
     kermit = real_scene("kermit")
-    run_cli("ns-train", "odin-splat", "--data", str(kermit), "--machine.device-type", "cpu", "--vis", "wandb",
-            "--viewer.quit-on-train-completion", "True", *SMALL_ARGS, "--output-dir", str(tmp_path),
-            "--max-num-iterations", "3", "--steps-per-save", "3", "--timestamp", "wb")
+    run_cli(
+        "ns-train",
+        "odin-splat",
+        "--data",
+        str(kermit),
+        "--machine.device-type",
+        "cpu",
+        "--vis",
+        "wandb",
+        "--viewer.quit-on-train-completion",
+        "True",
+        *SMALL_ARGS,
+        "--output-dir",
+        str(tmp_path),
+        "--max-num-iterations",
+        "3",
+        "--steps-per-save",
+        "3",
+        "--timestamp",
+        "wb",
+    )
     runs = list((tmp_path / "kermit" / "odin-splat" / "wb" / "wandb").glob("offline-run-*/*.wandb"))
     assert runs and runs[0].stat().st_size > 0

@@ -30,14 +30,20 @@ def odin_splat_optimizers(max_steps: int = 30000) -> dict:
     """Splatfacto's per-group learning rates and schedules."""
     warm = {"warmup_steps": 1000, "lr_pre_warmup": 0, "max_steps": max_steps}
     return {
-        "means": {"optimizer": _adam(1.6e-4), "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=max_steps)},
+        "means": {
+            "optimizer": _adam(1.6e-4),
+            "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=max_steps),
+        },
         "features_dc": {"optimizer": _adam(0.0025), "scheduler": None},
         "features_rest": {"optimizer": _adam(0.0025 / 20), "scheduler": None},
         "opacities": {"optimizer": _adam(0.05), "scheduler": None},
         "scales": {"optimizer": _adam(0.005), "scheduler": None},
         "quats": {"optimizer": _adam(0.001), "scheduler": None},
         "camera_opt": {"optimizer": _adam(1e-4), "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, **warm)},
-        "bilateral_grid": {"optimizer": _adam(2e-3), "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, **warm)},
+        "bilateral_grid": {
+            "optimizer": _adam(2e-3),
+            "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, **warm),
+        },
     }
 
 

@@ -101,4 +101,3 @@ class OdinColmapDataParser(ColmapDataParser):
             "points3D_rgb": torch.from_numpy(tracks.points_rgb.astype(np.uint8)),
             "points3D_ids": torch.from_numpy(tracks.point3d_ids.astype(np.int64)),
         }
-
