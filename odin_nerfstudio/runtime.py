@@ -1,0 +1,696 @@
+"""Odin's runtime: primitive-level synchronization of training tasks through three hooks and an index remap.
+
+Odin (arXiv 2607.19893) replaces the global barrier per step with synchronization on the primitives two pieces of
+work share. A training step is seen only through
+
+1. :meth:`OdinRuntime.before_read` (task): compute the candidate set C(t) on the current state, check it against
+   unpublished writes (RAW) and either gather the rows into task-local leaves (:class:`Read`) or say what to wait
+   for (:class:`Wait`: the conflicting primitives and the publication that resolves them);
+2. :meth:`OdinRuntime.after_backward` (read, info): collect the active set A(t) and its gradients, stage them in
+   the ring slot of t's step, and once the worker's B tasks of the step are staged, validate them and start the
+   asynchronous exchange of the worker's sparse update;
+3. :meth:`OdinRuntime.publish` (step): once every worker's contribution has arrived, apply selective Adam to the
+   union of active rows, advance their versions and free the slot.
+
+Modes (:class:`OdinRuntimeConfig`):
+
+- ``"barrier"``: the reference. A task of step s reads only after step s - 1 is published (a global wait per
+  step). theta_{s+1}[p] = Adam(theta_s[p], sum_t g_t[p]) for p in the union of the active sets, the sum in task
+  order: each worker sums its tasks in task order, the workers' sums are added in worker order.
+- ``"quality"``: a task waits exactly for the publications of the rows in C(t) with a pending write from an
+  earlier step (RAW: rows in a candidate set read by, or the active set staged by, an earlier unpublished step),
+  nothing else. Writes of earlier tasks that have not read yet are unknown, so the read is optimistic about
+  them: every task is validated before its worker's update of the step is exchanged, once all earlier steps are
+  published. The rows it read must still hold the value it read ("stale"), and C(t) must equal the candidate
+  set of the synchronous state ("candidate": a pending row outside C(t) moved into the frustum). What changed
+  since the read comes from the rows of the last K publications, kept sparse (a read lags at most K - 1 steps
+  behind, by the ring). A failed task is re-run on that state (counted). The result is bit-identical to
+  ``"barrier"`` for any interleaving.
+- ``"throughput"``: as quality, but admits a stale read when |C n pending| / |C| <= stale_fraction, the
+  producers' gradient magnitude on each of those rows < stale_grad_ratio x the mean over the producer's staged
+  active set, and no row is more than max_staleness steps stale; every admitted stale read is counted with its
+  staleness and size. Validation checks every missed write against the admitted (row, step) pairs, so a write
+  that was unknown at admission (an earlier task that had not read yet) is a "stale" failure and is re-run: no
+  final read exceeds the bounds. "candidate" and "escape" failures are counted, not re-run.
+
+Validation also checks A(t) against C(t) when a ``visibility_fn`` is given (the rows the rasterizer would see on
+the synchronous state, outside C(t)): an escape is a counted validation failure, and the re-run adds the escaped
+rows to the task's candidate set, in every mode that re-runs, so barrier and quality stay equal.
+
+Dynamic ordering: :meth:`OdinRuntime.run_next` runs, among a worker's remaining tasks of a step, the first whose
+candidate set has no pending conflict; the gradient sum keeps task order, so quality stays exact.
+
+Structural changes (densify, prune, opacity reset) run behind :meth:`OdinRuntime.drain`; gsplat's ops edit the
+parameters, optimizers and strategy state, and :meth:`OdinRuntime.remap` carries the per-primitive tables.
+
+Deterministic: every random draw of a task comes from ``task_generator(seed, step, view)``; densification
+statistics are staged per task and accumulated at publication in task order.
+
+Scope: one runtime holds the tables of the workers that share its process and its replica. Virtual workers: W
+workers, one runtime, an in-process transport. Distributed: one runtime per rank with ``num_workers=1`` (tasks
+carry ``worker=0``) and a :class:`~odin_nerfstudio.transport.DistributedTransport`, which merges the ranks'
+updates in rank order; the RAW check then sees only the rank's own pending writes, and the other ranks' writes
+are caught by the validation against the merged publications (re-run in quality-first), so the result is still
+the barrier's. Candidate sets are not exchanged between ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.candidates import candidate_set, in_candidate_region
+from odin_nerfstudio.conflicts import Conflicts, StepRows, isin_sorted, raw, war, waw
+from odin_nerfstudio.selective_adam import SelectiveAdam
+from odin_nerfstudio.shadow import ShadowGraph, model_bytes
+from odin_nerfstudio.sparse import SparseUpdate
+from odin_nerfstudio.strategy_stats import TaskStats, accumulate, task_stats
+from odin_nerfstudio.tables import PrimitiveTables
+from odin_nerfstudio.tasks import Task, task_generator
+from odin_nerfstudio.timeline import Timeline
+from odin_nerfstudio.transport import ExchangeHandle, Transport
+
+Mode = Literal["quality", "throughput", "barrier"]
+RenderFn = Callable[[Task, dict[str, Tensor], torch.Generator], tuple[Tensor, dict[str, Any]]]
+"""(task, gathered leaves [M, ...] per name, generator) -> (loss, info); info may hold the rasterizer's meta."""
+VisibilityFn = Callable[[Task, dict[str, Tensor]], Tensor]
+"""(task, parameter rows [M, ...] per name) -> bool [M]: the rows the rasterizer would see (radii > 0)."""
+
+_MAX_LOGGED_ROWS = 64
+
+
+@dataclass
+class OdinRuntimeConfig:
+    """Hyperparameters of the runtime.
+
+    Attributes:
+        mode: "quality" (exact, waits on conflicting rows), "throughput" (admits bounded stale reads) or
+            "barrier" (global wait per step, the reference).
+        num_workers: W, the workers sharing this runtime.
+        tasks_per_worker: B, views per worker per step.
+        ring_slots: K, steps that may be staged at once (step s may read once step s - K is published).
+        stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
+        stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.
+        max_staleness: the most steps a stale row may lag behind (throughput).
+        seed: the run's seed (task generators derive from it).
+        candidate_margin: widening of the culling frustum and bounding spheres, see ``candidates.py``.
+        near_plane: the rasterizer's near plane.
+        log_scales: whether ``params["scales"]`` holds log-scales (gsplat's convention) rather than scales.
+        packed: whether the rasterizer runs packed (for the densification statistics).
+        absgrad: whether the statistics use ``means2d.absgrad``.
+        wait_timeout_s: timeout of every blocking wait on the transport.
+        record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).
+    """
+
+    mode: Mode = "quality"
+    num_workers: int = 1
+    tasks_per_worker: int = 1
+    ring_slots: int = 4
+    stale_fraction: float = 0.2
+    stale_grad_ratio: float = 0.2
+    max_staleness: int = 4
+    seed: int = 0
+    candidate_margin: float = 0.1
+    near_plane: float = 0.01
+    log_scales: bool = True
+    packed: bool = False
+    absgrad: bool = False
+    wait_timeout_s: float = 60.0
+    record_reads: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("quality", "throughput", "barrier"):
+            raise ValueError(f"unknown mode {self.mode!r}")
+        if self.ring_slots < 1 or self.num_workers < 1 or self.tasks_per_worker < 1:
+            raise ValueError("ring_slots, num_workers and tasks_per_worker must be >= 1")
+
+
+@dataclass
+class Read:
+    """A task admitted to read: its candidate set, gathered leaves and random stream.
+
+    Attributes:
+        task: the task.
+        candidate: C(t), sorted int64 [M].
+        leaves: per name, the gathered rows as leaves [M, ...] that require grad.
+        generator: the task's random stream.
+        read_mark: the last published step when it read.
+        admitted: per unpublished earlier step, the rows whose write by it the read may miss (throughput's
+            admitted stale rows, sorted int64 [S] each); empty otherwise.
+    """
+
+    task: Task
+    candidate: Tensor
+    leaves: dict[str, Tensor]
+    generator: torch.Generator
+    read_mark: int
+    admitted: tuple[StepRows, ...] = ()
+
+    @property
+    def stale_rows(self) -> Tensor:
+        """Rows read with an admitted stale value, sorted int64 [S]."""
+        return _union([a.rows for a in self.admitted], self.candidate.device)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a task cannot read yet.
+
+    Attributes:
+        task: the task.
+        reason: "raw" (conflicting rows), "ring" (its ring slot still holds step - K), "barrier" (barrier mode:
+            the previous step).
+        step: the step whose publication ends the wait.
+        rows: the conflicting primitives, sorted int64 [M] (empty unless "raw").
+    """
+
+    task: Task
+    reason: str
+    step: int
+    rows: Tensor
+
+
+@dataclass(frozen=True)
+class StaleRead:
+    """One admitted stale read (throughput): task, rows read stale, the largest staleness and the fraction."""
+
+    key: tuple[int, int, int]
+    rows: int
+    staleness: int
+    fraction: float
+
+
+@dataclass
+class RuntimeCounters:
+    """What the runtime counted.
+
+    Attributes:
+        tasks: tasks run, re-runs included.
+        waits: Wait answers per reason.
+        validation_failures: failures per kind ("stale", "candidate", "escape").
+        reruns: tasks re-run on fresh state after a validation failure.
+        reordered: reads where dynamic ordering ran a later task of the worker's step first.
+        stale_reads: every admitted stale read (throughput), also those of a read later re-run.
+        publications: steps published.
+    """
+
+    tasks: int = 0
+    waits: dict[str, int] = field(default_factory=dict)
+    validation_failures: dict[str, int] = field(default_factory=dict)
+    reruns: int = 0
+    reordered: int = 0
+    stale_reads: list[StaleRead] = field(default_factory=list)
+    publications: int = 0
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """What a task read: its candidate set, the last published step then, and the stale writes it may miss."""
+
+    candidate: Tensor
+    read_mark: int
+    admitted: tuple[StepRows, ...] = ()
+
+    @property
+    def stale_rows(self) -> Tensor:
+        """Rows read with an admitted stale value, sorted int64 [S]."""
+        return _union([a.rows for a in self.admitted], self.candidate.device)
+
+
+def _union(parts: list[Tensor], device: torch.device) -> Tensor:
+    """Sorted union of int64 row tensors, [M]."""
+    return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.int64, device=device)
+
+
+class OdinRuntime:
+    """Runs training tasks of W workers against one replica with primitive-level synchronization.
+
+    Args:
+        config: the runtime's hyperparameters.
+        params: per name, the model's parameter [N, ...] (``means`` [N, 3] and ``scales`` [N, 3] required);
+            the dict is shared and may be edited by gsplat's ops behind :meth:`drain`.
+        optimizers: per name, its :class:`SelectiveAdam` (gsplat's layout).
+        transports: per worker, its end of the exchange.
+        render_fn: renders a task from its gathered leaves and returns (loss, info); used by :meth:`run_next`
+            and for re-runs.
+        visibility_fn: optional; which parameter rows the rasterizer would see for a task (escape check).
+        strategy_state: optional gsplat strategy state; the statistics of every task whose info holds
+            ``means2d`` are accumulated into it at publication.
+    """
+
+    def __init__(
+        self,
+        config: OdinRuntimeConfig,
+        params: dict[str, Tensor],
+        optimizers: dict[str, SelectiveAdam],
+        transports: Sequence[Transport],
+        render_fn: RenderFn,
+        visibility_fn: VisibilityFn | None = None,
+        strategy_state: dict[str, Any] | None = None,
+    ) -> None:
+        if len(transports) != config.num_workers:
+            raise ValueError(f"{len(transports)} transports for {config.num_workers} workers")
+        self.config = config
+        self.params = params
+        self.optimizers = optimizers
+        self.transports = list(transports)
+        self.render_fn = render_fn
+        self.visibility_fn = visibility_fn
+        self.strategy_state = strategy_state
+        self.tables = PrimitiveTables.create(self.num_primitives, device=self.device)
+        self.shadow = ShadowGraph(config.ring_slots, device=self.device)
+        self.timeline = Timeline()
+        self.counters = RuntimeCounters()
+        self.published_through = -1
+        self.tasks: dict[tuple[int, int, int], Task] = {}
+        self.reads: dict[tuple[int, int, int], ReadRecord] = {}
+        self.final_reads: dict[tuple[int, int, int], ReadRecord] = {}
+        self.published_rows: dict[int, Tensor] = {}
+        self._recent_publications: dict[int, Tensor] = {}
+        self._handles: dict[int, dict[int, tuple[ExchangeHandle, int]]] = {}
+        self._wait_since: dict[int, tuple[int, Wait]] = {}
+        self._step_plans: dict[int, tuple[int, ...]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model, its tables and every index tensor of the runtime."""
+        return self.params["means"].device
+
+    @property
+    def num_primitives(self) -> int:
+        """N, the rows of the model now."""
+        return self.params["means"].shape[0]
+
+    def _scales(self, rows: Tensor | None = None) -> Tensor:
+        scales = self.params["scales"].detach()
+        scales = scales if rows is None else scales[rows]
+        return torch.exp(scales) if self.config.log_scales else scales
+
+    def _candidate_set(self, task: Task) -> Tensor:
+        """C(t) on the current state, sorted int64 [M]."""
+        return candidate_set(
+            self.params["means"].detach(),
+            self._scales(),
+            task.camera,
+            self.config.candidate_margin,
+            self.config.near_plane,
+        )
+
+    def _unpublished_writes(self, before_step: int) -> list[StepRows]:
+        return [slot.writes() for slot in self.shadow.open_slots() if slot.step < before_step]
+
+    def _count_wait(self, wait: Wait) -> Wait:
+        self.counters.waits[wait.reason] = self.counters.waits.get(wait.reason, 0) + 1
+        return wait
+
+    def before_read(self, task: Task) -> Read | Wait:
+        """Hook 1: compute C(t), check it against unpublished writes, and gather it or say what to wait for.
+
+        Args:
+            task: the task about to read.
+
+        Returns:
+            A :class:`Read` (C(t) declared as the task's possible writes and gathered into leaves), or a
+            :class:`Wait` naming the conflicting primitives and the publication to wait for.
+        """
+        step = task.step
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        if self.published_through < step - self.config.ring_slots:
+            return self._count_wait(Wait(task, "ring", step - self.config.ring_slots, empty))
+        if self.config.mode == "barrier" and self.published_through < step - 1:
+            return self._count_wait(Wait(task, "barrier", step - 1, empty))
+        candidate = self._candidate_set(task)
+        conflicts = raw(candidate, step, self._unpublished_writes(step))
+        admitted: tuple[StepRows, ...] = ()
+        if conflicts.any:
+            admission = self._admit_stale(task, candidate, conflicts) if self.config.mode == "throughput" else None
+            if admission is None:
+                return self._count_wait(Wait(task, "raw", conflicts.wait_step, conflicts.rows))
+            admitted = admission
+        self.shadow.declare(task.key, candidate)
+        self.tables.declare(candidate, step)
+        self.tasks[task.key] = task
+        self.reads[task.key] = ReadRecord(candidate, self.published_through, admitted)
+        return Read(
+            task=task,
+            candidate=candidate,
+            leaves=self.shadow.gather(self.params, candidate),
+            generator=task_generator(self.config.seed, step, task.view),
+            read_mark=self.published_through,
+            admitted=admitted,
+        )
+
+    def _admit_stale(self, task: Task, candidate: Tensor, conflicts: Conflicts) -> tuple[StepRows, ...] | None:
+        """Throughput-first admission of a stale read; an admitted read is counted with staleness and size.
+
+        Admitted when |C n pending| / |C| <= stale_fraction, no row lags more than max_staleness steps, and
+        on every pending step the conflicting rows are staged (not still being computed) with a gradient
+        magnitude below stale_grad_ratio x the mean magnitude over that step's staged active rows.
+
+        Returns:
+            None if refused; else, per pending step, the rows whose write by that step the read may miss.
+        """
+        fraction = conflicts.rows.numel() / max(candidate.numel(), 1)
+        staleness = int((task.step - conflicts.first_step).max())
+        if fraction > self.config.stale_fraction or staleness > self.config.max_staleness:
+            return None
+        admitted = []
+        for slot in self.shadow.open_slots():
+            if slot.step >= task.step:
+                break
+            rows = conflicts.rows[isin_sorted(conflicts.rows, slot.writes().rows)]
+            if rows.numel() == 0:
+                continue
+            producer = slot.staged_update(self.params)
+            if not bool(isin_sorted(rows, producer.rows).all()):
+                return None
+            running = [c for key, c in slot.candidates.items() if key not in slot.staged]
+            if running and bool(isin_sorted(rows, _union(running, self.device)).any()):
+                return None
+            magnitude = producer.row_magnitude()
+            ours = magnitude[torch.searchsorted(producer.rows, rows)]
+            if not bool((ours < self.config.stale_grad_ratio * magnitude.mean()).all()):
+                return None
+            admitted.append(StepRows(slot.step, rows))
+        self.counters.stale_reads.append(StaleRead(task.key, conflicts.rows.numel(), staleness, fraction))
+        return tuple(admitted)
+
+    def after_backward(self, read: Read, info: dict[str, Any] | None = None) -> None:
+        """Hook 2: stage A(t) and its gradients; when the worker's step is complete, validate and exchange it.
+
+        Args:
+            read: what :meth:`before_read` returned, after the loss was back-propagated into its leaves.
+            info: the rasterizer's meta, optional. With ``radii`` ([C, M], or [nnz] with ``gaussian_ids`` when
+                packed) A(t) is the rows with radii > 0, else the rows with a non-zero gradient; with
+                ``means2d`` and a strategy state, the task's densification statistics are staged too.
+        """
+        self._stage(read, info)
+        self.progress()
+
+    def _stage(self, read: Read, info: dict[str, Any] | None) -> None:
+        """Stage A(t), its gradients and its densification statistics; release the task's leaves."""
+        active = self._active_rows(read, info)
+        grads = {
+            name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))[active].detach()
+            for name, leaf in read.leaves.items()
+        }
+        stats = None
+        if self.strategy_state is not None and info is not None and "means2d" in info:
+            stats = task_stats(info, read.candidate, self.config.packed, self.config.absgrad)
+        self.shadow.release(read.leaves)
+        self.shadow.stage(read.task.key, SparseUpdate(read.candidate[active], grads), stats)
+
+    def _active_rows(self, read: Read, info: dict[str, Any] | None) -> Tensor:
+        """Positions in C(t) of the active set A(t), int64 [A] sorted."""
+        size = read.candidate.numel()
+        if info is not None and "radii" in info:
+            if self.config.packed:
+                visible = torch.zeros(size, dtype=torch.bool, device=self.device)
+                visible[info["gaussian_ids"]] = True
+            else:
+                visible = (info["radii"] > 0).reshape(-1, size).any(dim=0)
+            return torch.nonzero(visible).flatten()
+        nonzero = torch.zeros(size, dtype=torch.bool, device=self.device)
+        for leaf in read.leaves.values():
+            if leaf.grad is not None:
+                nonzero |= (leaf.grad.reshape(size, -1) != 0).any(dim=1)
+        return torch.nonzero(nonzero).flatten()
+
+    def progress(self) -> None:
+        """Commit every worker step that can be validated and publish every step whose exchange is complete."""
+        changed = True
+        while changed:
+            changed = False
+            for slot in self.shadow.open_slots():
+                if slot.step > self.published_through + 1:
+                    break
+                for worker in range(self.config.num_workers):
+                    if self._ready_to_commit(slot.step, worker):
+                        self._commit(slot.step, worker)
+                        changed = True
+            step = self.published_through + 1
+            handles = self._handles.get(step, {})
+            if len(handles) == self.config.num_workers and all(h.done() for h, _ in handles.values()):
+                self.publish(step)
+                changed = True
+
+    def await_publication(self, timeout: float) -> bool:
+        """Block until the next step's exchange completes and publish it, if this runtime has sent its part.
+
+        With an in-process transport every exchange completes as soon as the last local worker sends, so this
+        only blocks for a remote transport (one runtime per rank), where the other ranks may still be computing.
+
+        Returns:
+            Whether a step was published (False if some local worker has not sent its update yet).
+        """
+        step = self.published_through + 1
+        handles = self._handles.get(step, {})
+        if len(handles) < self.config.num_workers:
+            return False
+        for handle, _ in handles.values():
+            handle.wait(timeout)
+        self.progress()
+        return True
+
+    def plan_step(self, step: int, tasks_per_worker: Sequence[int]) -> None:
+        """Declare how many tasks each worker runs in ``step`` when it is not B (a schedule's short last step).
+
+        A worker with no task in the step sends an empty update once another worker has staged the step, so
+        every exchange still has W parts.
+        """
+        if len(tasks_per_worker) != self.config.num_workers or sum(tasks_per_worker) == 0:
+            raise ValueError(f"step {step}: a plan needs one task count per worker and at least one task")
+        self._step_plans[step] = tuple(int(n) for n in tasks_per_worker)
+
+    def _tasks_of(self, step: int, worker: int) -> int:
+        """How many tasks ``worker`` runs in ``step``."""
+        plan = self._step_plans.get(step)
+        return self.config.tasks_per_worker if plan is None else plan[worker]
+
+    def _ready_to_commit(self, step: int, worker: int) -> bool:
+        if worker in self._handles.get(step, {}) or self.published_through < step - 1:
+            return False
+        slot = self.shadow.slot(step)
+        staged = sum(1 for key in slot.staged if key[1] == worker)
+        return staged == self._tasks_of(step, worker)
+
+    def _commit(self, step: int, worker: int) -> None:
+        """Validate the worker's tasks of ``step`` on the synchronous state, re-run failures, start the exchange."""
+        slot = self.shadow.slot(step)
+        for key in sorted(k for k in slot.staged if k[1] == worker):
+            failures, escaped = self._validate(self.tasks[key])
+            if failures and (self.config.mode != "throughput" or "stale" in failures):
+                self.counters.reruns += 1
+                self._rerun(self.tasks[key], escaped)
+            if self.config.record_reads:
+                self.final_reads[key] = self.reads[key]
+        start = self.timeline.now()
+        update = self.shadow.local_update(step, worker, self.params)
+        handle = self.transports[worker].start_exchange(step, update)
+        self._handles.setdefault(step, {})[worker] = (handle, start)
+
+    def _validate(self, task: Task) -> tuple[list[str], Tensor]:
+        """Check a task's read against the synchronous state (all earlier steps published); count failures.
+
+        Returns:
+            The failure kinds ("stale", "candidate", "escape"; empty if valid), and the rows outside C(t) the
+            rasterizer would see (int64 [E], empty without a visibility_fn), which a re-run adds to C(t).
+        """
+        record = self.reads[task.key]
+        admitted = {a.step: a.rows for a in record.admitted}
+        failures = []
+        changed = []
+        for step in range(record.read_mark + 1, task.step):
+            published = self._recent_publications[step]
+            changed.append(published)
+            missed = published[isin_sorted(published, record.candidate)]
+            allowed = admitted.get(step, torch.empty(0, dtype=torch.int64, device=self.device))
+            if "stale" not in failures and not bool(isin_sorted(missed, allowed).all()):
+                failures.append("stale")
+        changed_rows = _union(changed, self.device)
+        moved = changed_rows[~isin_sorted(changed_rows, record.candidate)]
+        if moved.numel() and bool(
+            in_candidate_region(
+                self.params["means"].detach()[moved],
+                self._scales(moved),
+                task.camera,
+                self.config.candidate_margin,
+                self.config.near_plane,
+            ).any()
+        ):
+            failures.append("candidate")
+        escaped = torch.empty(0, dtype=torch.int64, device=self.device)
+        if self.visibility_fn is not None:
+            candidate_mask = torch.zeros(self.num_primitives, dtype=torch.bool, device=self.device)
+            candidate_mask[record.candidate] = True
+            outside = torch.nonzero(~candidate_mask).flatten()
+            rows = {name: p.detach()[outside] for name, p in self.params.items()}
+            escaped = outside[self.visibility_fn(task, rows)]
+            if escaped.numel():
+                failures.append("escape")
+        for kind in failures:
+            self.counters.validation_failures[kind] = self.counters.validation_failures.get(kind, 0) + 1
+        return failures, escaped
+
+    def _rerun(self, task: Task, extra_rows: Tensor) -> None:
+        """Re-run a task on the synchronous state, its candidate set widened by ``extra_rows``."""
+        candidate = torch.unique(torch.cat([self._candidate_set(task), extra_rows]))
+        self.shadow.declare(task.key, candidate)
+        self.tables.declare(candidate, task.step)
+        self.reads[task.key] = ReadRecord(candidate, self.published_through)
+        read = Read(
+            task=task,
+            candidate=candidate,
+            leaves=self.shadow.gather(self.params, candidate),
+            generator=task_generator(self.config.seed, task.step, task.view),
+            read_mark=self.published_through,
+        )
+        _, info = self._render_and_backward(read)
+        self._stage(read, info)
+
+    def publish(self, step: int) -> None:
+        """Hook 3: apply selective Adam to the union of step ``step``'s active rows and free its slot.
+
+        Publications run in step order (which is what WAW requires); WAW and WAR are checked and raise if
+        violated. Bias correction counts global steps: an empty union still advances the step count.
+
+        Args:
+            step: the step to publish; every worker's exchange for it must have started.
+        """
+        if step != self.published_through + 1:
+            raise RuntimeError(f"publish({step}) out of order: last published step is {self.published_through}")
+        start = self.timeline.now()
+        handles = self._handles.pop(step)
+        merged = handles[0][0].wait(self.config.wait_timeout_s)
+        for worker, (_, comm_start) in sorted(handles.items()):
+            self.timeline.record("comm", worker, step, comm_start)
+        if waw(merged.rows, step, self._unpublished_writes(step)).any:
+            raise RuntimeError(f"publish({step}): an earlier step's write to the same rows is still staged (WAW)")
+        running = [
+            StepRows(key[0], record.candidate)
+            for key, record in self.reads.items()
+            if key[0] <= step and key not in self.shadow.slot(key[0]).staged
+        ]
+        if war(merged.rows, step, running).any:
+            raise RuntimeError(f"publish({step}): a running task of step <= {step} read the rows (WAR)")
+        for name, optimizer in self.optimizers.items():
+            optimizer.step_rows(merged.rows, [merged.grads[name]])
+        slot = self.shadow.free(step)
+        self.tables.publish(merged.rows, slot.declared(), step)
+        if self.strategy_state is not None:
+            for key in sorted(slot.extras):
+                stats = slot.extras[key]
+                if isinstance(stats, TaskStats):
+                    accumulate(self.strategy_state, stats, self.num_primitives)
+        for key in list(slot.candidates):
+            self.reads.pop(key, None)
+            self.tasks.pop(key, None)
+        self._recent_publications[step] = merged.rows
+        self._step_plans.pop(step, None)
+        self._recent_publications.pop(step - self.config.ring_slots, None)
+        if self.config.record_reads:
+            self.published_rows[step] = merged.rows
+        self.published_through = step
+        self.counters.publications += 1
+        self.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
+
+    def _render_and_backward(self, read: Read) -> tuple[Tensor, dict[str, Any]]:
+        task = read.task
+        start = self.timeline.now()
+        loss, info = self.render_fn(task, read.leaves, read.generator)
+        if self.strategy_state is not None and "means2d" in info and info["means2d"].requires_grad:
+            info["means2d"].retain_grad()
+        self.timeline.record("render", task.worker, task.step, start, {"view": task.view})
+        start = self.timeline.now()
+        loss.backward()
+        self.timeline.record("backward", task.worker, task.step, start, {"view": task.view})
+        self.counters.tasks += 1
+        return loss, info
+
+    def read_next(self, tasks: Sequence[Task]) -> Read | Wait:
+        """Admit, among one worker's remaining tasks of a step, the first whose read has no pending conflict.
+
+        Dynamic ordering: the tasks are tried in task order and the first admitted one reads; its gradients
+        are still summed in task order. A worker's wait is recorded on the timeline when it ends, with the
+        reason and the primitives waited on.
+
+        Args:
+            tasks: the worker's remaining tasks of its current step, in task order.
+
+        Returns:
+            The admitted task's :class:`Read`, or the first task's :class:`Wait` if none may read.
+        """
+        worker = tasks[0].worker
+        first_wait = None
+        for position, task in enumerate(tasks):
+            result = self.before_read(task)
+            if isinstance(result, Wait):
+                first_wait = first_wait or result
+                continue
+            if worker in self._wait_since:
+                since, wait = self._wait_since.pop(worker)
+                args = {
+                    "reason": wait.reason,
+                    "on_step": wait.step,
+                    "primitives": wait.rows.numel(),
+                    "primitive_ids": wait.rows[:_MAX_LOGGED_ROWS].tolist(),
+                }
+                self.timeline.record("wait", worker, task.step, since, args)
+            if position > 0:
+                self.counters.reordered += 1
+            return result
+        self._wait_since.setdefault(worker, (self.timeline.now(), first_wait))
+        return first_wait
+
+    def finish(self, read: Read) -> None:
+        """Render an admitted task with ``render_fn``, back-propagate, and run :meth:`after_backward`."""
+        _, info = self._render_and_backward(read)
+        self.after_backward(read, info)
+
+    def run_next(self, tasks: Sequence[Task]) -> Task | Wait:
+        """:meth:`read_next` then :meth:`finish`: run one of a worker's remaining tasks, or say why none can."""
+        result = self.read_next(tasks)
+        if isinstance(result, Wait):
+            return result
+        self.finish(result)
+        return result.task
+
+    def drain(self) -> None:
+        """The barrier before a structural change: every staged step published, nothing in flight.
+
+        Raises if a task has read but not been staged, or a worker's step is incomplete.
+        """
+        self.progress()
+        if self.shadow.open_slots() or self._handles:
+            raise RuntimeError(
+                f"drain: steps {[s.step for s in self.shadow.open_slots()]} are not published "
+                "(every worker must finish its tasks of those steps first)"
+            )
+
+    def remap(self, index_map: Tensor) -> None:
+        """Carry the per-primitive tables through a structural change, after :meth:`drain`.
+
+        gsplat's ops have already edited the parameters, the optimizers' state and the strategy state. The
+        history of recent publications (old row ids) is dropped: after the drain no read depends on it.
+
+        Args:
+            index_map: int64 [N_new], new row -> old row, -1 for a fresh row.
+        """
+        self.drain()
+        if index_map.numel() != self.num_primitives:
+            raise ValueError(f"index map has {index_map.numel()} rows, the model {self.num_primitives}")
+        self.tables = self.tables.remap(index_map)
+        self._recent_publications.clear()
+        self.published_rows.clear()
+
+    def memory_report(self) -> dict[str, int]:
+        """Peak and current bytes of gathered plus staged tensors, and the model's parameter bytes."""
+        return {
+            "peak_extra_bytes": self.shadow.memory.peak,
+            "current_extra_bytes": self.shadow.memory.current,
+            "model_bytes": model_bytes(self.params),
+        }

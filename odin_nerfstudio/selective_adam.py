@@ -1,0 +1,113 @@
+"""Selective (visibility-masked) Adam: update only the rows a step touched, leave every other row untouched.
+
+This is the optimizer of the reference semantics in DESIGN.md, as gsplat's SelectiveAdam: for the rows ``p`` in
+the union of a step's active sets, ``theta[p]``, ``exp_avg[p]`` and ``exp_avg_sq[p]`` follow torch.optim.Adam's
+per-element formula; all other rows keep their values bit for bit (no momentum decay, no second-moment decay).
+
+Bias correction counts GLOBAL steps: ``state["step"]`` is one counter per parameter tensor, advanced by every
+publication whether or not a given row took part, so a row updated for the first time at step 100 is corrected
+with ``1 - beta**100``, never ``1 - beta**1``. This is what a per-tensor Adam with masked updates does (gsplat's
+SelectiveAdam behaves the same way) and it keeps the correction independent of which worker touched a row.
+
+Each optimizer is a real ``torch.optim.Optimizer`` with one parameter group holding one parameter tensor, the
+layout gsplat's strategies expect (``optimizers: Dict[str, Optimizer]``), so gsplat's ``ops.duplicate``,
+``split``, ``remove`` and ``reset_opa`` remap its ``exp_avg`` / ``exp_avg_sq`` exactly as they do Adam's.
+
+The arithmetic on the selected rows is the one of ``torch.optim.Adam(foreach=False)``'s single-tensor path
+(``lerp_``, ``mul_().addcmul_()``, ``sqrt() / bias_correction2_sqrt``, ``add_(eps)``, ``addcdiv_``) applied to
+the gathered rows; these are element-wise kernels, so with every row selected the result is bit-identical to
+torch's Adam (tested). Weight decay, amsgrad and maximize are not supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+
+class SelectiveAdam(torch.optim.Optimizer):
+    """Adam over one parameter tensor [N, ...] that updates only a given set of rows per step.
+
+    Args:
+        params: the parameter tensors (gsplat's layout uses exactly one per optimizer).
+        lr: learning rate.
+        betas: Adam's (beta1, beta2).
+        eps: added to the denominator (gsplat's and nerfstudio's splatting use 1e-15).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-15,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+
+    def _state_of(self, param: Tensor) -> dict[str, Tensor]:
+        """The Adam state of ``param``, created as zeros (step 0) on first use."""
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step_rows(self, rows: Tensor, grads: list[Tensor]) -> None:
+        """Advance the global step and apply Adam to ``rows`` only.
+
+        Args:
+            rows: sorted, unique rows to update, int64 [M] (may be empty: the step still counts).
+            grads: one gradient per parameter of the optimizer (in ``param_groups`` order), [M, ...] each,
+                aligned with ``rows``.
+        """
+        params = [p for group in self.param_groups for p in group["params"]]
+        if len(grads) != len(params):
+            raise ValueError(f"step_rows got {len(grads)} gradients for {len(params)} parameters")
+        index = 0
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                grad = grads[index]
+                index += 1
+                state = self._state_of(param)
+                state["step"] += 1
+                step = state["step"].item()
+                bias_correction1 = 1 - beta1**step
+                bias_correction2 = 1 - beta2**step
+                step_size = group["lr"] / bias_correction1
+                bias_correction2_sqrt = bias_correction2**0.5
+                exp_avg = state["exp_avg"][rows]
+                exp_avg_sq = state["exp_avg_sq"][rows]
+                value = param.data[rows]
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
+                value.addcdiv_(exp_avg, denom, value=-step_size)
+                state["exp_avg"].index_copy_(0, rows, exp_avg)
+                state["exp_avg_sq"].index_copy_(0, rows, exp_avg_sq)
+                param.data.index_copy_(0, rows, value)
+
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        """Not supported: a selective optimizer must be told its rows; use :meth:`step_rows`."""
+        raise RuntimeError("SelectiveAdam updates only given rows: call step_rows(rows, grads)")
+
+
+def selective_adams(
+    params: dict[str, Tensor],
+    lrs: dict[str, float],
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-15,
+) -> dict[str, SelectiveAdam]:
+    """One :class:`SelectiveAdam` per parameter name, gsplat's ``optimizers`` layout.
+
+    Args:
+        params: per name, the parameter tensor [N, ...] (``torch.nn.Parameter`` for gsplat's ops).
+        lrs: per name, its learning rate.
+        betas: Adam's (beta1, beta2), shared.
+        eps: Adam's epsilon, shared.
+    """
+    return {name: SelectiveAdam([param], lr=lrs[name], betas=betas, eps=eps) for name, param in params.items()}

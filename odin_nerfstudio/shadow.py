@@ -1,0 +1,168 @@
+"""The Shadow Graph: task-local copies of the candidate rows, and the staging ring that holds their gradients.
+
+Odin (arXiv 2607.19893, "Shadow Graph") lets work of different steps overlap without aliasing state autograd
+still needs: each task gathers its candidate rows into task-local leaf tensors, renders and back-propagates into
+them, and its active rows' gradients are staged in the ring slot of its step (K slots, step s in slot s mod K).
+Only publication writes the global state. Memory is O(|C|) per task in flight plus O(|A|) per staged task, never
+a second copy of the model; :class:`MemoryMeter` measures it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.conflicts import StepRows
+from odin_nerfstudio.sparse import SparseUpdate, sum_in_order, tensor_bytes
+
+TaskKey = tuple[int, int, int]
+
+
+@dataclass
+class MemoryMeter:
+    """Bytes of gathered and staged tensors alive now, and their peak."""
+
+    current: int = 0
+    peak: int = 0
+
+    def add(self, nbytes: int) -> None:
+        """Account ``nbytes`` more (negative to release)."""
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+
+@dataclass
+class RingSlot:
+    """The staging slot of one step.
+
+    Attributes:
+        step: the step the slot holds.
+        device: where its row tensors live.
+        candidates: per task that has read, its candidate set C(t), sorted int64 [M].
+        staged: per task that has finished backward, its active rows A(t) and their gradients.
+        extras: per staged task, what the runtime stages beside the gradients (densification statistics).
+        superseded: candidate sets replaced by a re-run of their task (still declared until publication).
+    """
+
+    step: int
+    device: torch.device
+    candidates: dict[TaskKey, Tensor] = field(default_factory=dict)
+    staged: dict[TaskKey, SparseUpdate] = field(default_factory=dict)
+    extras: dict[TaskKey, object] = field(default_factory=dict)
+    superseded: list[Tensor] = field(default_factory=list)
+
+    def writes(self) -> StepRows:
+        """The rows the step may still write: A(t) of staged tasks, C(t) of tasks still running."""
+        parts = [self.staged[key].rows if key in self.staged else rows for key, rows in self.candidates.items()]
+        if not parts:
+            return StepRows(self.step, torch.empty(0, dtype=torch.int64, device=self.device))
+        return StepRows(self.step, torch.unique(torch.cat(parts)))
+
+    def declared(self) -> Tensor:
+        """Union of the candidate sets read in this step, superseded ones included, sorted int64 [M]."""
+        parts = list(self.candidates.values()) + self.superseded
+        if not parts:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return torch.unique(torch.cat(parts))
+
+    def staged_update(self, template: dict[str, Tensor]) -> SparseUpdate:
+        """Sum of every staged task's update, in task order (the producer's update so far)."""
+        return sum_in_order([self.staged[key] for key in sorted(self.staged)], template)
+
+
+class ShadowGraph:
+    """Gathers candidate rows into leaves, stages active-row gradients in a K-slot ring, and meters memory.
+
+    Args:
+        ring_slots: K, the number of steps that may be staged at once.
+        device: where the slots' row tensors live (the model's device).
+    """
+
+    def __init__(self, ring_slots: int, device: torch.device | str = "cpu") -> None:
+        if ring_slots < 1:
+            raise ValueError(f"ring_slots must be >= 1, got {ring_slots}")
+        self.ring_slots = ring_slots
+        self.device = torch.device(device)
+        self.slots: list[RingSlot | None] = [None] * ring_slots
+        self.memory = MemoryMeter()
+
+    def slot(self, step: int) -> RingSlot | None:
+        """The slot holding ``step``, or None if it does not hold it."""
+        slot = self.slots[step % self.ring_slots]
+        return slot if slot is not None and slot.step == step else None
+
+    def is_free_for(self, step: int) -> bool:
+        """Whether ``step`` can use its slot (it already holds the step, or it is empty)."""
+        slot = self.slots[step % self.ring_slots]
+        return slot is None or slot.step == step
+
+    def open(self, step: int) -> RingSlot:
+        """The slot of ``step``, claimed if empty; raises if an earlier step still holds it."""
+        if not self.is_free_for(step):
+            held = self.slots[step % self.ring_slots]
+            raise RuntimeError(f"ring slot {step % self.ring_slots} still holds step {held.step}, wanted {step}")
+        if self.slots[step % self.ring_slots] is None:
+            self.slots[step % self.ring_slots] = RingSlot(step, self.device)
+        return self.slots[step % self.ring_slots]
+
+    def open_slots(self) -> list[RingSlot]:
+        """Every claimed slot, in step order."""
+        return sorted((s for s in self.slots if s is not None), key=lambda s: s.step)
+
+    def gather(self, params: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        """Copy the candidate rows into task-local leaves that require grad.
+
+        Args:
+            params: per name, the global parameter [N, ...].
+            rows: the candidate set, sorted int64 [M].
+
+        Returns:
+            Per name, a fresh leaf [M, ...] with ``requires_grad=True``.
+        """
+        leaves = {name: p.detach()[rows].requires_grad_(True) for name, p in params.items()}
+        self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()))
+        return leaves
+
+    def release(self, leaves: dict[str, Tensor]) -> None:
+        """Account the end of a task's leaves (and the gradients autograd put in them)."""
+        grads = sum(tensor_bytes(leaf.grad) for leaf in leaves.values() if leaf.grad is not None)
+        self.memory.add(grads)
+        self.memory.add(-grads - sum(tensor_bytes(leaf) for leaf in leaves.values()))
+
+    def declare(self, key: TaskKey, candidate: Tensor) -> None:
+        """Record that task ``key`` read ``candidate`` (sorted int64 [M]) in its step's slot."""
+        slot = self.open(key[0])
+        if key in slot.candidates:
+            slot.superseded.append(slot.candidates[key])
+        slot.candidates[key] = candidate
+
+    def stage(self, key: TaskKey, update: SparseUpdate, extra: object = None) -> None:
+        """Stage task ``key``'s active rows and gradients (replacing an earlier attempt of the same task)."""
+        slot = self.open(key[0])
+        if key in slot.staged:
+            self.memory.add(-slot.staged[key].nbytes)
+        slot.staged[key] = update
+        slot.extras[key] = extra
+        self.memory.add(update.nbytes)
+
+    def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
+        """A worker's contribution to ``step``: its staged updates summed in task order."""
+        slot = self.slot(step)
+        keys = sorted(k for k in slot.staged if k[1] == worker)
+        return sum_in_order([slot.staged[k] for k in keys], template)
+
+    def free(self, step: int) -> RingSlot:
+        """Release the slot of a published step and return what it held."""
+        slot = self.slot(step)
+        if slot is None:
+            raise RuntimeError(f"no ring slot holds step {step}")
+        self.memory.add(-sum(update.nbytes for update in slot.staged.values()))
+        self.slots[step % self.ring_slots] = None
+        return slot
+
+
+def model_bytes(params: dict[str, Tensor]) -> int:
+    """Bytes of the model's parameters (the yardstick for the Shadow Graph's extra memory)."""
+    return sum(tensor_bytes(p) for p in params.values())

@@ -1,0 +1,113 @@
+"""Per-primitive tables of the runtime (versions, pending writes, last publication) and their index remap.
+
+Rows are stable between structural changes; a structural change (densify, prune, opacity reset) produces an
+index map ``new row -> old row`` (-1 for a fresh row) and :func:`remap` carries every per-primitive table
+through it at once, the way gsplat's ``ops`` carry parameters, optimizer state and strategy state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+NO_STEP = -1
+
+
+@dataclass
+class PrimitiveTables:
+    """Bookkeeping per primitive; every field is an int64 tensor [N].
+
+    Attributes:
+        versions: how many publications have written the row (advanced by every publish that touches it).
+        pending_step: the latest step that declared (candidate set read) or staged (active set) a write to the
+            row that is not published yet, ``NO_STEP`` if none. A superset filter: the exact per-step write
+            sets live in the staging ring.
+        published_step: the step whose publication last wrote the row, ``NO_STEP`` if none since start or
+            since the row was created.
+    """
+
+    versions: Tensor
+    pending_step: Tensor
+    published_step: Tensor
+
+    @classmethod
+    def create(cls, num_primitives: int, device: torch.device | str = "cpu") -> PrimitiveTables:
+        """Fresh tables for ``num_primitives`` rows: version 0, nothing pending, nothing published."""
+        return cls(
+            versions=torch.zeros(num_primitives, dtype=torch.int64, device=device),
+            pending_step=torch.full((num_primitives,), NO_STEP, dtype=torch.int64, device=device),
+            published_step=torch.full((num_primitives,), NO_STEP, dtype=torch.int64, device=device),
+        )
+
+    @property
+    def num_primitives(self) -> int:
+        """Number of rows N."""
+        return self.versions.numel()
+
+    def declare(self, rows: Tensor, step: int) -> None:
+        """Record that ``step`` may write ``rows`` (int64 [M]) before its publication."""
+        self.pending_step[rows] = torch.clamp(self.pending_step[rows], min=step)
+
+    def publish(self, rows: Tensor, declared: Tensor, step: int) -> None:
+        """Record the publication of ``step``: ``rows`` (int64 [M]) written, ``declared`` rows no longer pending.
+
+        Publications run in step order, so every pending mark at or before ``step`` on the declared rows is
+        cleared; marks of later steps stay.
+        """
+        self.versions[rows] += 1
+        self.published_step[rows] = step
+        pending = self.pending_step[declared]
+        self.pending_step[declared] = torch.where(pending <= step, NO_STEP, pending)
+
+    def remap(self, index_map: Tensor) -> PrimitiveTables:
+        """The tables after a structural change; see :func:`remap`."""
+        return remap(self, index_map)
+
+
+_FRESH_VALUE = {"versions": 0, "pending_step": NO_STEP, "published_step": NO_STEP}
+
+
+def remap_rows(table: Tensor, index_map: Tensor, fresh_value: int | float) -> Tensor:
+    """Gather a per-primitive table [N_old, ...] through ``index_map`` [N_new] (new row -> old row, -1 fresh)."""
+    fresh = index_map < 0
+    out = table[index_map.clamp(min=0)].clone()
+    out[fresh] = fresh_value
+    return out
+
+
+def remap(tables: PrimitiveTables, index_map: Tensor) -> PrimitiveTables:
+    """Carry every per-primitive table through a structural change.
+
+    A row kept, duplicated or split inherits its parent's entries (a child starts where its parent was); a
+    fresh row (-1) starts at version 0 with nothing pending or published. Structural changes run behind a
+    drain barrier, so a pending write on any parent is a bug and raises.
+
+    Args:
+        tables: the tables before the change, [N_old] each.
+        index_map: int64 [N_new], new row -> old row, or -1 for a fresh row.
+
+    Returns:
+        New tables, [N_new] each.
+    """
+    used = index_map[index_map >= 0]
+    if bool((tables.pending_step[used] != NO_STEP).any()):
+        raise RuntimeError("remap with unpublished writes: structural changes must run behind a drain barrier")
+    return PrimitiveTables(
+        **{f.name: remap_rows(getattr(tables, f.name), index_map, _FRESH_VALUE[f.name]) for f in fields(tables)}
+    )
+
+
+def index_map_from_uid(uid: Tensor) -> Tensor:
+    """The index map of a structural change made by gsplat's ops, from a row-id column they carried.
+
+    gsplat 1.4.0's ``duplicate``, ``split`` and ``remove`` remap every tensor of the strategy state like the
+    parameters, so storing ``state["uid"] = torch.arange(N)`` before the change leaves, after it, each new
+    row's parent row: that column is the index map (new row -> old row). Ops that append zero-initialised
+    state rows (``sample_add``) would label fresh rows as row 0, so they are not supported by this helper.
+
+    Args:
+        uid: the carried column, int64 [N_new].
+    """
+    return uid.to(torch.int64).clone()

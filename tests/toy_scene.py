@@ -1,0 +1,185 @@
+"""A small differentiable Gaussian scene for the runtime tests: a ring of Gaussians seen by outward-looking views.
+
+Why: the runtime's equivalence and property tests run hundreds of tasks; a splat renderer of a few lines (isotropic
+screen-space Gaussians, normalized blending, 8 x 8 pixels) keeps them fast while reading exactly the rows of the
+gathered parameters, with gsplat's parameter layout (log-scales, logit opacities) and a ``radii`` meta whose
+positive entries are the rows it sees. Neighbouring views overlap, so tasks conflict on shared Gaussians.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.candidates import Camera
+from odin_nerfstudio.rasterize import rasterization
+from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.selective_adam import selective_adams
+from odin_nerfstudio.tasks import Task
+from odin_nerfstudio.transport import VirtualTransport
+
+IMAGE = 8
+NEAR = 0.01
+LRS = {"means": 0.05, "scales": 0.02, "quats": 0.01, "opacities": 0.05, "features_dc": 0.05}
+
+
+def make_params(num_gaussians: int = 120, seed: int = 0) -> dict[str, torch.nn.Parameter]:
+    """Gaussians on a ring of radius 3 around the origin, gsplat's layout: means [N, 3], log-scales [N, 3], ..."""
+    generator = torch.Generator().manual_seed(seed)
+    angle = torch.rand(num_gaussians, generator=generator) * 2 * math.pi
+    radius = 3.0 + 0.3 * torch.randn(num_gaussians, generator=generator)
+    height = 0.6 * (torch.rand(num_gaussians, generator=generator) - 0.5)
+    means = torch.stack([radius * torch.sin(angle), height, radius * torch.cos(angle)], dim=-1)
+    return {
+        "means": torch.nn.Parameter(means),
+        "scales": torch.nn.Parameter(torch.log(0.05 + 0.1 * torch.rand(num_gaussians, 3, generator=generator))),
+        "quats": torch.nn.Parameter(torch.randn(num_gaussians, 4, generator=generator)),
+        "opacities": torch.nn.Parameter(torch.randn(num_gaussians, generator=generator)),
+        "features_dc": torch.nn.Parameter(torch.rand(num_gaussians, 3, generator=generator)),
+    }
+
+
+def camera(view: int, num_views: int, size: int = IMAGE, focal_scale: float = 0.75) -> Camera:
+    """View ``view`` of ``num_views`` at the origin, looking outward at yaw 2 pi view / num_views.
+
+    ``focal_scale`` is the focal length in image widths: 0.75 gives overlapping views (a dense scene), 2 narrow
+    ones that share few Gaussians (a sparse scene).
+    """
+    yaw = 2 * math.pi * view / num_views
+    forward = torch.tensor([math.sin(yaw), 0.0, math.cos(yaw)])
+    down = torch.tensor([0.0, 1.0, 0.0])
+    right = torch.linalg.cross(down, forward)
+    viewmat = torch.eye(4)
+    viewmat[:3, :3] = torch.stack([right, down, forward])
+    focal = focal_scale * size
+    K = torch.tensor([[focal, 0.0, size / 2], [0.0, focal, size / 2], [0.0, 0.0, 1.0]])
+    return Camera(viewmat=viewmat, K=K, width=size, height=size)
+
+
+def target(view: int) -> Tensor:
+    """The ground-truth image of a view, [H, W, 3]."""
+    return torch.rand(IMAGE, IMAGE, 3, generator=torch.Generator().manual_seed(1000 + view))
+
+
+def _project(rows: dict[str, Tensor], cam: Camera) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Screen position [M, 2], screen sigma [M], depth [M] and visibility bool [M] of parameter rows."""
+    points = rows["means"] @ cam.viewmat[:3, :3].T + cam.viewmat[:3, 3]
+    depth = points[:, 2]
+    safe_depth = torch.where(depth > NEAR, depth, torch.ones_like(depth))
+    focal = cam.K[0, 0]
+    xy = focal * points[:, :2] / safe_depth[:, None] + cam.K[:2, 2]
+    sigma = focal * torch.exp(rows["scales"]).max(dim=-1).values / safe_depth
+    reach = 3.0 * sigma
+    visible = (depth > NEAR) & (xy[:, 0] + reach > 0) & (xy[:, 0] - reach < cam.width)
+    visible &= (xy[:, 1] + reach > 0) & (xy[:, 1] - reach < cam.height)
+    return xy, sigma, depth, visible
+
+
+def visibility(task: Task, rows: dict[str, Tensor]) -> Tensor:
+    """The rows the toy renderer sees for ``task``, bool [M]."""
+    return _project(rows, task.camera)[3]
+
+
+def render(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    """Toy splatting of the gathered rows into an 8 x 8 image; loss = MSE against the view's target.
+
+    The background colour is drawn from the task's generator, as a random-background trainer would.
+    """
+    xy, sigma, _, visible = _project(leaves, task.camera)
+    pixels = torch.stack(
+        torch.meshgrid(torch.arange(IMAGE) + 0.5, torch.arange(IMAGE) + 0.5, indexing="xy"), dim=-1
+    ).reshape(-1, 2)
+    offset = pixels[:, None, :] - xy[None, :, :]  # [P, M, 2]
+    falloff = torch.exp(-0.5 * offset.square().sum(-1) / sigma.square()[None, :])
+    weight = torch.sigmoid(leaves["opacities"])[None, :] * falloff * visible[None, :].float()  # [P, M]
+    background = torch.rand(3, generator=generator)
+    total = weight.sum(dim=1, keepdim=True)
+    image = (weight @ leaves["features_dc"] + background) / (1.0 + total)
+    loss = (image.reshape(IMAGE, IMAGE, 3) - target(task.view)).square().mean()
+    radii = torch.where(visible, torch.ceil(3 * sigma.detach()).clamp(min=1), 0).to(torch.int32)[None]
+    return loss, {"radii": radii}
+
+
+def render_gsplat(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    """The same task through the project's CPU rasterizer (gsplat's call), non-packed, with its meta."""
+    background = torch.rand(1, 3, generator=generator)
+    cam = task.camera
+    image, _, info = rasterization(
+        leaves["means"],
+        leaves["quats"],
+        torch.exp(leaves["scales"]),
+        torch.sigmoid(leaves["opacities"]),
+        leaves["features_dc"],
+        cam.viewmat[None],
+        cam.K[None],
+        cam.width,
+        cam.height,
+        packed=False,
+        backgrounds=background,
+    )
+    loss = (image[0] - target(task.view)).abs().mean()
+    return loss, info
+
+
+def make_schedule(
+    num_steps: int, num_workers: int, per_worker: int, num_views: int, seed: int = 0, focal_scale: float = 0.75
+) -> list:
+    """step -> worker -> tasks: each step takes W x B views from seeded shuffles (distinct while W x B <= V)."""
+    generator = torch.Generator().manual_seed(seed)
+    schedule = []
+    shuffles = -(-num_workers * per_worker // num_views)
+    for step in range(num_steps):
+        views = torch.cat([torch.randperm(num_views, generator=generator) for _ in range(shuffles)]).tolist()
+        chosen = [[views[w * per_worker + b] for b in range(per_worker)] for w in range(num_workers)]
+        schedule.append(
+            [
+                [
+                    Task(step, w, b, view, camera(view, num_views, focal_scale=focal_scale))
+                    for b, view in enumerate(chosen[w])
+                ]
+                for w in range(num_workers)
+            ]
+        )
+    return schedule
+
+
+def make_runtime(
+    config: OdinRuntimeConfig,
+    params: dict[str, torch.nn.Parameter],
+    render_fn=render,
+    visibility_fn=None,
+    strategy_state: dict | None = None,
+    lr_scale: float = 1.0,
+) -> OdinRuntime:
+    """A runtime over ``params`` with selective Adams (LRS x lr_scale) and a virtual transport for its W workers."""
+    transport = VirtualTransport(config.num_workers, params)
+    return OdinRuntime(
+        config,
+        params,
+        selective_adams(params, {name: lr * lr_scale for name, lr in LRS.items()}),
+        [transport.endpoint(w) for w in range(config.num_workers)],
+        render_fn,
+        visibility_fn=visibility_fn,
+        strategy_state=strategy_state,
+    )
+
+
+def snapshot(runtime: OdinRuntime) -> dict[str, Tensor]:
+    """Every parameter and Adam moment of a runtime's model, cloned, keyed ``name`` / ``name.exp_avg`` / ..."""
+    out = {}
+    for name, param in runtime.params.items():
+        out[name] = param.detach().clone()
+        state = runtime.optimizers[name].state[param]
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            out[f"{name}.{key}"] = state[key].clone()
+    return out
+
+
+def assert_identical(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
+    """Bit-identical tensors under the same keys."""
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs (max |diff| {(a[key] - b[key]).abs().max()})"
