@@ -1,0 +1,190 @@
+"""OdinSplatModel's training tasks on Odin's runtime: task cameras, the task renderer, the runtime over the model.
+
+The runtime (core, no nerfstudio) sees a task only through a render function of gathered leaves; this module
+supplies it from the model: splatfacto's image (render + random background + clamp) and loss (L1 and SSIM
+against the view's cached image), with the background drawn from the task's own generator, so any worker, any
+order and any re-run draw the same colour. Densification follows gsplat's DefaultStrategy with the statistics
+the runtime accumulates per task and the edits applied behind its drain barrier (`refine.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.models.splatfacto import get_viewmat
+from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
+from torch import Tensor
+
+from odin_nerfstudio.candidates import Camera
+from odin_nerfstudio.ns.model import OdinSplatModel
+from odin_nerfstudio.refine import apply_structural_change, structural_change_due
+from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.selective_adam import selective_adams
+from odin_nerfstudio.tasks import Task
+from odin_nerfstudio.transport import Transport, VirtualTransport
+from odin_nerfstudio.virtual import run_virtual
+
+GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+def odin_camera(cameras: Cameras, index: int, device: torch.device | str = "cpu") -> Camera:
+    """View `index` of nerfstudio cameras as the runtime's pinhole camera (OpenCV world-to-camera [4, 4])."""
+    camera = cameras[index : index + 1]
+    return Camera(
+        viewmat=get_viewmat(camera.camera_to_worlds)[0].to(device),
+        K=camera.get_intrinsics_matrices()[0].to(device),
+        width=int(camera.width.item()),
+        height=int(camera.height.item()),
+    )
+
+
+def downscaled(camera: Camera, factor: int) -> Camera:
+    """The camera at 1/factor resolution, rounded down as nerfstudio's `rescale_output_resolution` does."""
+    if factor == 1:
+        return camera
+    K = camera.K.clone()
+    K[:2] /= factor
+    return Camera(camera.viewmat, K, int(camera.width / factor), int(camera.height / factor))
+
+
+class SplatTaskRenderer:
+    """Renders a task from gathered Gaussians with OdinSplatModel and returns splatfacto's loss and the meta.
+
+    Args:
+        model: the model; its `gauss_params` are the runtime's parameters, its config sets SH degree,
+            background, rasterize mode, SSIM weight and resolution schedule.
+        images: per training view, its image [H, W, 3] (uint8 or float in [0, 1]).
+    """
+
+    def __init__(self, model: OdinSplatModel, images: Sequence[Tensor]) -> None:
+        config = model.config
+        unsupported = {
+            "use_scale_regularization": config.use_scale_regularization,
+            "use_bilateral_grid": config.use_bilateral_grid,
+            "camera_optimizer.mode != 'off'": config.camera_optimizer.mode != "off",
+        }
+        enabled = [name for name, on in unsupported.items() if on]
+        if enabled:
+            raise ValueError(f"The Odin runtime does not support {', '.join(enabled)} yet; disable it.")
+        self.model = model
+        self.images = images
+
+    def background(self, generator: torch.Generator) -> Tensor:
+        """The task's background colour [3]: random from its generator, or the configured colour."""
+        if self.model.config.background_color == "random":
+            return torch.rand(3, generator=generator, device=generator.device).to(self.model.device)
+        return self.model._get_background_color()
+
+    def __call__(self, task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict]:
+        """Loss of `task` rendered from `leaves` ([M, ...] per name), and the rasterizer's meta."""
+        model = self.model
+        model.step = task.step
+        camera = downscaled(task.camera, model._get_downscale_factor())
+        render, alpha, info = model.render_gaussians(
+            leaves, camera.viewmat[None], camera.K[None], camera.width, camera.height
+        )
+        background = self.background(generator)
+        rgb = torch.clamp(render[0, ..., :3] + (1 - alpha[0]) * background, 0.0, 1.0)
+        gt = model.composite_with_background(model.get_gt_img(self.images[task.view]), background)
+        l1 = torch.abs(gt - rgb).mean()
+        ssim = model.ssim(gt.permute(2, 0, 1)[None], rgb.permute(2, 0, 1)[None])
+        loss = (1 - model.config.ssim_lambda) * l1 + model.config.ssim_lambda * (1 - ssim)
+        return loss, info
+
+
+def splat_learning_rates(optimizers: dict[str, Any]) -> dict[str, float]:
+    """The learning rate of each Gaussian parameter group in a nerfstudio `optimizers` config."""
+    return {name: optimizers[name]["optimizer"].lr for name in GAUSSIAN_PARAMS}
+
+
+def build_runtime(
+    model: OdinSplatModel,
+    images: Sequence[Tensor],
+    config: OdinRuntimeConfig,
+    learning_rates: dict[str, float],
+    transports: Sequence[Transport] | None = None,
+) -> OdinRuntime:
+    """An Odin runtime that trains `model.gauss_params` in place with selective Adam and the model's strategy.
+
+    Without `transports`, the W workers of `config` share one in-process (virtual) transport.
+    """
+    params = model.gauss_params
+    if transports is None:
+        virtual = VirtualTransport(config.num_workers, params)
+        transports = [virtual.endpoint(w) for w in range(config.num_workers)]
+    model.strategy_state = model.strategy.initialize_state(scene_scale=1.0)
+    model.optimizers = selective_adams(params, learning_rates)
+    config.absgrad = model.strategy.absgrad
+    return OdinRuntime(
+        config,
+        params,
+        model.optimizers,
+        transports,
+        SplatTaskRenderer(model, images),
+        strategy_state=model.strategy_state,
+    )
+
+
+def structural_changes(model: OdinSplatModel, num_steps: int, seed: int) -> dict:
+    """For the virtual driver: before step s + 1, the densify / prune / reset gsplat would make after step s."""
+
+    def change_after(step: int):
+        def change(runtime: OdinRuntime) -> Tensor:
+            return apply_structural_change(
+                model.strategy, runtime.params, runtime.optimizers, runtime.strategy_state, step, seed
+            )
+
+        return change
+
+    return {
+        step + 1: change_after(step) for step in range(num_steps - 1) if structural_change_due(model.strategy, step)
+    }
+
+
+def schedule_tasks(
+    steps: Sequence[Sequence[Sequence[int]]], cameras: Cameras, first_step: int = 0, device: str = "cpu"
+) -> list[list[list[Task]]]:
+    """Runtime tasks of consecutive schedule steps: step -> worker -> tasks, from each step's views per worker."""
+    views = {view for step in steps for worker in step for view in worker}
+    camera_of = {view: odin_camera(cameras, view, device) for view in views}
+    return [
+        [
+            [Task(first_step + s, w, b, view, camera_of[view]) for b, view in enumerate(worker)]
+            for w, worker in enumerate(step)
+        ]
+        for s, step in enumerate(steps)
+    ]
+
+
+def train_virtual(
+    pipeline_config: VanillaPipelineConfig,
+    runtime_config: OdinRuntimeConfig,
+    num_steps: int,
+    learning_rates: dict[str, float],
+    interleaving: Iterable[int] = (),
+    device: str = "cpu",
+) -> tuple[VanillaPipeline, OdinRuntime]:
+    """Train an odin-splat pipeline for `num_steps` schedule steps on W virtual workers in one process.
+
+    The pipeline's datamanager must be an OdinDatamanager whose schedule has W = runtime_config.num_workers;
+    the model is initialised under `torch.manual_seed(runtime_config.seed)`, so two calls that differ only in
+    mode or interleaving start from the same Gaussians (the ablations and equivalence checks compare them).
+    """
+    torch.manual_seed(runtime_config.seed)
+    pipeline = pipeline_config.setup(device=device, test_mode="val", world_size=1, local_rank=0)
+    datamanager, model = pipeline.datamanager, pipeline.model
+    if datamanager.schedule.config.num_workers != runtime_config.num_workers:
+        raise ValueError(
+            f"the schedule has {datamanager.schedule.config.num_workers} workers, the runtime "
+            f"{runtime_config.num_workers}: set the datamanager's num_workers to the runtime's"
+        )
+    model.train()
+    images = [datamanager.cached_train[i]["image"] for i in range(len(datamanager.cached_train))]
+    runtime = build_runtime(model, images, runtime_config, learning_rates)
+    steps = [datamanager.schedule.at(s).tasks for s in range(num_steps)]
+    tasks = schedule_tasks(steps, datamanager.train_dataset.cameras, device=str(model.device))
+    run_virtual(runtime, tasks, interleaving, structural_changes(model, num_steps, runtime_config.seed))
+    return pipeline, runtime
