@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
@@ -64,6 +65,8 @@ class SynthConfig:
     """Image height in pixels."""
     num_gaussians: int = 20_000
     """Number of Gaussians in the procedural world."""
+    street_length: float = 30.0
+    """Length of the street in meters (street preset): longer streets at the same view count overlap less."""
     num_points: int = 2_000
     """Number of Gaussian centers offered as 3D points; those seen by fewer than 2 views are dropped."""
     pixel_noise: float = 0.25
@@ -81,6 +84,8 @@ class SynthConfig:
             raise ValueError("need num_views >= 2 and an image of at least 2x2 pixels")
         if self.num_gaussians < 1 or self.num_points < 1 or self.pixel_noise < 0:
             raise ValueError("need num_gaussians >= 1, num_points >= 1 and pixel_noise >= 0")
+        if self.street_length < 8.0:
+            raise ValueError("need street_length >= 8 (m): the cameras keep 2 m from each end")
 
     def output_dir(self) -> Path:
         """The scene folder this config writes to."""
@@ -257,15 +262,15 @@ def object_world(num_gaussians: int, rng: Generator) -> GaussianWorld:
     )
 
 
-STREET_LENGTH, STREET_WIDTH, FACADE_HEIGHT = 30.0, 8.0, 4.0
+STREET_WIDTH, FACADE_HEIGHT = 8.0, 4.0
 
 
-def facade_colors(along: np.ndarray, up: np.ndarray, rng: Generator) -> np.ndarray:
+def facade_colors(along: np.ndarray, up: np.ndarray, length: float, rng: Generator) -> np.ndarray:
     """Building facades: per-building wall color, a window grid, floor bands. along, up [n] in meters -> [n, 3].
 
     Buildings are 3 to 6 m wide with seeded colors and window pitch, so no two stretches of street look alike.
     """
-    edges = np.cumsum(rng.uniform(3.0, 6.0, size=int(STREET_LENGTH / 3.0) + 2))
+    edges = np.cumsum(rng.uniform(3.0, 6.0, size=int(length / 3.0) + 2))
     building = np.searchsorted(edges, along)
     hue = rng.uniform(0.0, 1.0, size=len(edges) + 1)[building]
     pitch = rng.uniform(0.9, 1.6, size=len(edges) + 1)[building]
@@ -287,20 +292,20 @@ def ground_colors(along: np.ndarray, across: np.ndarray) -> np.ndarray:
     return np.where(sidewalk[:, None], np.stack([tiles, 0.92 * tiles, 0.85 * tiles], axis=1), colors)
 
 
-def street_world(num_gaussians: int, rng: Generator) -> GaussianWorld:
+def street_world(num_gaussians: int, rng: Generator, length: float = 30.0) -> GaussianWorld:
     """A straight street along +x (z up): two facades facing each other at y = +-4 and the road between them.
 
-    The street runs from x = 0 to 30, facades are 4 m high; all normals face the street.
+    The street runs from x = 0 to `length` (m), facades are 4 m high; all normals face the street.
     """
     half = STREET_WIDTH / 2.0
-    facade_area, ground_area = STREET_LENGTH * FACADE_HEIGHT, STREET_LENGTH * STREET_WIDTH
+    facade_area, ground_area = length * FACADE_HEIGHT, length * STREET_WIDTH
     counts = split_count(num_gaussians, [facade_area, facade_area, ground_area])
-    along_x, up_z = np.array([STREET_LENGTH, 0.0, 0.0]), np.array([0.0, 0.0, FACADE_HEIGHT])
+    along_x, up_z = np.array([length, 0.0, 0.0]), np.array([0.0, 0.0, FACADE_HEIGHT])
     parts = []
     for count, side in zip(counts[:2], (-1.0, 1.0)):
         points, _ = sample_rectangle(count, np.array([0.0, side * half, 0.0]), along_x, up_z, rng)
         normal = np.tile([0.0, -side, 0.0], (count, 1))
-        parts.append((points, normal, facade_colors(points[:, 0], points[:, 2], rng)))
+        parts.append((points, normal, facade_colors(points[:, 0], points[:, 2], length, rng)))
     across_y = np.array([0.0, STREET_WIDTH, 0.0])
     points, _ = sample_rectangle(counts[2], np.array([0.0, -half, 0.0]), along_x, across_y, rng)
     parts.append((points, np.tile([0.0, 0.0, 1.0], (counts[2], 1)), ground_colors(points[:, 0], points[:, 1])))
@@ -331,10 +336,10 @@ def object_cameras(num_views: int) -> np.ndarray:
     return look_at(eyes, np.zeros_like(eyes), np.array([0.0, 0.0, 1.0]))
 
 
-def street_cameras(num_views: int) -> np.ndarray:
+def street_cameras(num_views: int, length: float = 30.0) -> np.ndarray:
     """Views [C, 4, 4] driving down the street at 1.6 m, panning between 75 degrees left and right every 8 views."""
     step = np.arange(num_views)
-    x = np.linspace(2.0, STREET_LENGTH - 2.0, num_views)
+    x = np.linspace(2.0, length - 2.0, num_views)
     yaw = np.radians(75.0) * np.sin(2.0 * np.pi * step / 8.0)
     eyes = np.stack([x, 0.5 * np.sin(2.0 * np.pi * step / 11.0), np.full(num_views, 1.6)], axis=1)
     directions = np.stack([np.cos(yaw), np.sin(yaw), np.full(num_views, -0.08)], axis=1)
@@ -531,9 +536,21 @@ def prepare_output(config: SynthConfig) -> Path:
     return out
 
 
+def preset_for(config: SynthConfig) -> Preset:
+    """The preset of `config`, sized by its options (the street's length)."""
+    preset = PRESETS[config.preset]
+    if config.preset != "street":
+        return preset
+    return replace(
+        preset,
+        world=partial(street_world, length=config.street_length),
+        cameras=partial(street_cameras, length=config.street_length),
+    )
+
+
 def make_scene(config: SynthConfig) -> Path:
     """Generate the scene `config` describes and write it in the COLMAP layout; returns the scene folder."""
-    preset = PRESETS[config.preset]
+    preset = preset_for(config)
     world = preset.world(config.num_gaussians, np.random.default_rng([config.seed, 0]))
     rng = np.random.default_rng([config.seed, 1])
     num_points = min(config.num_points, config.num_gaussians)
