@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import select
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,32 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
     assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def viewer_loads(config: Path, timeout: float = 180) -> None:
+    """Start ns-viewer on a run, wait until it has loaded the checkpoint and serves, then stop it."""
+    command = [str(BIN / "ns-viewer"), "--load-config", str(config), "--viewer.websocket-port", str(free_port())]
+    viewer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and viewer.poll() is None:
+            ready, _, _ = select.select([viewer.stdout], [], [], 1.0)
+            if ready:
+                seen.append(viewer.stdout.readline())
+                if "Done loading checkpoint" in "".join(seen) and "Websocket" in "".join(seen):
+                    return
+        pytest.fail(f"ns-viewer did not load {config} within {timeout} s:\n{''.join(seen)[-3000:]}")
+    finally:
+        viewer.terminate()
+        viewer.wait(timeout=30)
 
 
 def fern_trainer_config(output_dir: Path, iterations: int):
