@@ -139,3 +139,52 @@ def rasterization(
         rasterize_mode=rasterize_mode,
         covars=covars,
     )
+
+
+def projected_radii(
+    means: Tensor,  # [N, 3]
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    radius_clip: float = 0.0,
+    eps2d: float = 0.3,
+) -> Tensor:
+    """Screen radii [C, N] int32 the rasterizer would give each Gaussian (0: culled), without compositing.
+
+    The same projection and culling as `rasterization`, on the same backend (gsplat's kernel on CUDA, the
+    pure-torch one on CPU): the rows with radii > 0 are exactly those a render would make active. Odin uses it
+    to check that a task's active set did not escape its candidate set.
+    """
+    if means.is_cuda:
+        from gsplat.cuda._wrapper import fully_fused_projection
+
+        radii, *_ = fully_fused_projection(
+            means,
+            None,
+            quats,
+            scales,
+            viewmats,
+            Ks,
+            width,
+            height,
+            eps2d=eps2d,
+            near_plane=near_plane,
+            far_plane=far_plane,
+            radius_clip=radius_clip,
+            packed=False,
+        )
+        return radii
+    if means.device.type != "cpu":
+        raise ValueError(f"projected_radii runs on CPU or CUDA tensors, got {means.device}")
+    from gsplat.cuda._torch_impl import _quat_scale_to_covar_preci
+
+    covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False)
+    radii, *_ = cpu_rasterizer.project(
+        means, covars, viewmats, Ks, width, height, near_plane, far_plane, radius_clip, eps2d, False
+    )
+    return radii

@@ -105,3 +105,18 @@ def test_quality_first_is_bit_identical_to_barrier(scene_name: str, workers: int
             assert torch.equal(actual[key], expected[key]), f"{name}: {key} differs from the barrier baseline"
         conflicts += runtime.counters.waits.get("raw", 0) + runtime.counters.reruns
     assert conflicts > 0, "the interleavings must make quality-first wait or re-run, or the test proves nothing"
+
+
+@pytest.mark.slow
+def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun() -> None:
+    """With a negative culling margin, candidate sets miss Gaussians the rasterizer draws: every such task is
+    counted as an escape and re-run on its widened set, so quality-first still equals the barrier baseline."""
+    config = pipeline_config(real_scene("fern"), 2, 0.125)
+    lrs = splat_learning_rates(odin_splat_optimizers())
+    narrow = {"num_workers": 2, "candidate_margin": -0.3}
+    baseline, baseline_runtime = train_virtual(config, OdinRuntimeConfig(mode="barrier", **narrow), 20, lrs)
+    pipeline, runtime = train_virtual(config, OdinRuntimeConfig(mode="quality", **narrow), 20, lrs, [1] * 30)
+    assert runtime.counters.validation_failures.get("escape", 0) > 0
+    assert runtime.counters.reruns >= runtime.counters.validation_failures["escape"]
+    expected, actual = state_of(baseline, baseline_runtime), state_of(pipeline, runtime)
+    assert all(torch.equal(actual[key], expected[key]) for key in expected)

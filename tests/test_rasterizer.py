@@ -412,3 +412,28 @@ def test_cpu_matches_gsplat_cuda(rasterize_mode: str, render_mode: str) -> None:
         assert close.float().mean() > 0.999 and (got - expected).abs().max() < 2e-2
     for got, expected in zip(cpu[4:], cuda[4:]):
         assert torch.linalg.norm(got - expected) <= 2e-2 * torch.linalg.norm(expected)
+
+
+def test_projected_radii_equal_the_rasterizer_radii() -> None:
+    from odin_nerfstudio.rasterize import projected_radii
+
+    generator = torch.Generator().manual_seed(7)
+    means = torch.randn(300, 3, generator=generator) * 2 + torch.tensor([0.0, 0.0, 4.0])
+    quats = torch.randn(300, 4, generator=generator)
+    scales = torch.rand(300, 3, generator=generator) * 0.2
+    viewmats, Ks = torch.eye(4)[None], torch.tensor([[[30.0, 0, 20], [0, 30.0, 15], [0, 0, 1]]])
+    _, _, info = rasterization(
+        means,
+        quats,
+        scales,
+        torch.full((300,), 0.5),
+        torch.rand(300, 3, generator=generator),
+        viewmats,
+        Ks,
+        40,
+        30,
+        packed=False,
+    )
+    radii = projected_radii(means, quats, scales, viewmats, Ks, 40, 30)
+    assert torch.equal(radii, info["radii"])
+    assert 0 < int((radii > 0).sum()) < 300

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from odin_nerfstudio.candidates import Camera
 from odin_nerfstudio.ns.model import OdinSplatModel
+from odin_nerfstudio.rasterize import projected_radii
 from odin_nerfstudio.refine import apply_structural_change, structural_change_due
 from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.selective_adam import selective_adams
@@ -94,6 +95,21 @@ class SplatTaskRenderer:
         loss = (1 - model.config.ssim_lambda) * l1 + model.config.ssim_lambda * (1 - ssim)
         return loss, info
 
+    @torch.no_grad()
+    def visible(self, task: Task, rows: dict[str, Tensor]) -> Tensor:
+        """Which of the given parameter rows ([M, ...] per name) the rasterizer would draw for `task`, bool [M]."""
+        camera = downscaled(task.camera, self.model._get_downscale_factor())
+        radii = projected_radii(
+            rows["means"],
+            rows["quats"],
+            torch.exp(rows["scales"]),
+            camera.viewmat[None],
+            camera.K[None],
+            camera.width,
+            camera.height,
+        )
+        return radii[0] > 0
+
 
 def splat_learning_rates(optimizers: dict[str, Any]) -> dict[str, float]:
     """The learning rate of each Gaussian parameter group in a nerfstudio `optimizers` config."""
@@ -106,10 +122,13 @@ def build_runtime(
     config: OdinRuntimeConfig,
     learning_rates: dict[str, float],
     transports: Sequence[Transport] | None = None,
+    check_escapes: bool = True,
 ) -> OdinRuntime:
     """An Odin runtime that trains `model.gauss_params` in place with selective Adam and the model's strategy.
 
-    Without `transports`, the W workers of `config` share one in-process (virtual) transport.
+    Without `transports`, the W workers of `config` share one in-process (virtual) transport. With
+    `check_escapes`, every task is validated against the rows the rasterizer would draw outside its candidate
+    set (a projection of those rows per task); an escape is counted and, in quality-first, re-run.
     """
     params = model.gauss_params
     if transports is None:
@@ -118,12 +137,14 @@ def build_runtime(
     model.strategy_state = model.strategy.initialize_state(scene_scale=1.0)
     model.optimizers = selective_adams(params, learning_rates)
     config.absgrad = model.strategy.absgrad
+    renderer = SplatTaskRenderer(model, images)
     return OdinRuntime(
         config,
         params,
         model.optimizers,
         transports,
-        SplatTaskRenderer(model, images),
+        renderer,
+        visibility_fn=renderer.visible if check_escapes else None,
         strategy_state=model.strategy_state,
     )
 
