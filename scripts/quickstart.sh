@@ -17,4 +17,8 @@ ns-train odin-splat --data "$scene" --machine.device-type cpu --max-num-iteratio
     --steps-per-eval-all-images 0 --steps-per-eval-image 0 --steps-per-save "$iters" \
     --pipeline.model.num-downscales 0 --pipeline.model.sh-degree-interval 100
 ns-eval --load-config outputs/quickstart/odin-splat/latest/config.yml --output-path outputs/quickstart/eval.json
-python -c 'import json; r = json.load(open("outputs/quickstart/eval.json"))["results"]; print(f"held-out PSNR: {r[\"psnr\"]:.2f} dB, SSIM {r[\"ssim\"]:.3f}")'
+python -c '
+import json
+results = json.load(open("outputs/quickstart/eval.json"))["results"]
+print("held-out PSNR: %.2f dB, SSIM %.3f" % (results["psnr"], results["ssim"]))
+'
