@@ -6,14 +6,13 @@ of the compile), then the build is timed ``--repeat`` times and its peak residen
 the kernel's high-water mark (``/proc/self/clear_refs``) just before the first build.
 
 Prints the machine, the command and the figures, and rewrites its own section of ``BENCHMARKS.md`` at the repo
-root (between ``<!-- bench_compile:start -->`` and ``<!-- bench_compile:end -->``) under an exclusive file lock,
-leaving the other benchmarks' sections untouched.
+root (between ``<!-- bench_compile:start -->`` and ``<!-- bench_compile:end -->``) under an exclusive file lock
+(``_report.write_section``), leaving the other benchmarks' sections untouched.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import platform
 import resource
@@ -25,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 import scipy
+from _report import BENCHMARKS, cpu_name, write_section
 
 from odin_nerfstudio.citygen import CityConfig, city_point_sets
 from odin_nerfstudio.rlg import RelativeLocalityGraph
 from odin_nerfstudio.schedule import Schedule, ScheduleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-START, END = "<!-- bench_compile:start -->", "<!-- bench_compile:end -->"
+NAME = "bench_compile"
 TARGET_SECONDS, TARGET_GIB = 5.0, 4.0
 GIB = 2.0**30
 
@@ -44,7 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--views-per-worker", type=int, default=1, help="B, views per worker per step")
     parser.add_argument("--seed", type=int, default=0, help="city and schedule seed")
     parser.add_argument("--repeat", type=int, default=3, help="timed builds; the median is the headline")
-    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md", help="markdown file to update")
+    parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     return parser.parse_args()
 
@@ -78,16 +78,10 @@ def build(point_sets: list[np.ndarray], config: ScheduleConfig) -> tuple[float, 
 
 def machine() -> str:
     """One line describing CPU, cores available, memory, load and library versions."""
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        lines = cpuinfo.read_text().splitlines()
-        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-        cpu = names[0] if names else cpu
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
-        f"{cpu}, {len(os.sched_getaffinity(0))} cores available, {memory:.0f} GiB RAM, load average {load}; "
+        f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores available, {memory:.0f} GiB RAM, load average {load}; "
         f"Python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}"
     )
 
@@ -141,29 +135,13 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def section(rows: list[tuple[str, str]], command: str, machine_line: str) -> str:
-    """The markdown section, markers included."""
+    """The markdown section, without its markers."""
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     return (
-        f"{START}\n## bench_compile: RLG + schedule for a 50k-view synthetic city\n\n"
+        "## bench_compile: RLG + schedule for a 50k-view synthetic city\n\n"
         f"Command: `{command}`  \nMachine: {machine_line}  \nDate: {time.strftime('%Y-%m-%d %H:%M %Z')}\n\n"
-        f"| figure | value |\n|---|---|\n{table}\n{END}"
+        f"| figure | value |\n|---|---|\n{table}"
     )
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of ``path`` (create the file if missing) under an exclusive lock."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        current = handle.read() or "# Benchmarks\n"
-        if START in current and END in current:
-            head, rest = current.split(START, 1)
-            updated = head + text + rest.split(END, 1)[1]
-        else:
-            updated = current.rstrip("\n") + "\n\n" + text + "\n"
-        handle.seek(0)
-        handle.write(updated)
-        handle.truncate()
 
 
 def main() -> None:
@@ -176,7 +154,7 @@ def main() -> None:
     for name, value in rows:
         print(f"{name}: {value}")
     if not args.no_write:
-        write_section(args.output, section(rows, command, machine_line))
+        write_section(NAME, section(rows, command, machine_line), args.output)
         print(f"updated {args.output}")
 
 

@@ -8,7 +8,6 @@ BENCHMARKS.md at the repository root (between its markers), leaving the other se
 from __future__ import annotations
 
 import argparse
-import fcntl
 import math
 import os
 import platform
@@ -16,15 +15,14 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Dict, List
 
 import torch
+from _report import BENCHMARKS, cpu_name, write_section
 
 from odin_nerfstudio.rasterize import rasterization
 
-START, END = "<!-- bench_rasterizer:start -->", "<!-- bench_rasterizer:end -->"
-BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+NAME = "bench_rasterizer"
 TARGET_S = 1.0
 
 
@@ -72,34 +70,10 @@ def step(scene: Dict[str, object], params: Dict[str, torch.Tensor]) -> Dict[str,
 
 def machine() -> str:
     """CPU model, Python and torch versions, torch threads."""
-    cpu = platform.processor() or "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
     return (
-        f"CPU {cpu}; Python {platform.python_version()}; torch {torch.__version__}; "
+        f"CPU {cpu_name()}; Python {platform.python_version()}; torch {torch.__version__}; "
         f"torch threads {torch.get_num_threads()}"
     )
-
-
-def write_section(text: str) -> None:
-    """Replace this benchmark's section of BENCHMARKS.md (create the file if missing) under an exclusive lock."""
-    section = f"{START}\n{text.rstrip()}\n{END}"
-    fd = os.open(BENCHMARKS, os.O_RDWR | os.O_CREAT, 0o644)
-    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        content = handle.read() or "# Benchmarks\n"
-        if START in content and END in content:
-            head, rest = content.split(START, 1)
-            content = head + section + rest.split(END, 1)[1]
-        else:
-            content = content.rstrip("\n") + "\n\n" + section + "\n"
-        handle.seek(0)
-        handle.write(content)
-        handle.truncate()
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -142,7 +116,7 @@ def main(argv: List[str] | None = None) -> None:
     )
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(NAME, text)
         print(f"updated {BENCHMARKS}")
 
 

@@ -56,9 +56,10 @@ the barrier's. Candidate sets are not exchanged between ranks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -66,7 +67,7 @@ from torch import Tensor
 from odin_nerfstudio.candidates import candidate_set, in_candidate_region
 from odin_nerfstudio.conflicts import Conflicts, StepRows, isin_sorted, raw, war, waw
 from odin_nerfstudio.selective_adam import SelectiveAdam
-from odin_nerfstudio.shadow import ShadowGraph, model_bytes
+from odin_nerfstudio.shadow import MEMORY_KINDS, ShadowGraph, model_bytes
 from odin_nerfstudio.sparse import SparseUpdate
 from odin_nerfstudio.strategy_stats import TaskStats, accumulate, task_stats
 from odin_nerfstudio.tables import PrimitiveTables
@@ -78,7 +79,8 @@ Mode = Literal["quality", "throughput", "barrier"]
 RenderFn = Callable[[Task, dict[str, Tensor], torch.Generator], tuple[Tensor, dict[str, Any]]]
 """(task, gathered leaves [M, ...] per name, generator) -> (loss, info); info may hold the rasterizer's meta."""
 VisibilityFn = Callable[[Task, dict[str, Tensor]], Tensor]
-"""(task, parameter rows [M, ...] per name) -> bool [M]: the rows the rasterizer would see (radii > 0)."""
+"""(task, parameter rows [M, ...] per name) -> bool [M]: the rows the rasterizer would see (radii > 0). The
+runtime passes every row (M = N, detached views, never a copy) and keeps those outside C(t)."""
 
 _MAX_LOGGED_ROWS = 64
 
@@ -136,7 +138,8 @@ class Read:
     Attributes:
         task: the task.
         candidate: C(t), sorted int64 [M].
-        leaves: per name, the gathered rows as leaves [M, ...] that require grad.
+        leaves: per name, the gathered rows as leaves [M, ...] that require grad; emptied once
+            :meth:`OdinRuntime.after_backward` has staged their gradients (the Shadow Graph frees them).
         generator: the task's random stream.
         read_mark: the last published step when it read.
         admitted: per unpublished earlier step, the rows whose write by it the read may miss (throughput's
@@ -196,6 +199,10 @@ class RuntimeCounters:
         reordered: reads where dynamic ordering ran a later task of the worker's step first.
         stale_reads: every admitted stale read (throughput), also those of a read later re-run.
         publications: steps published.
+        bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
+            publish), the outermost call only, less the render and backward of the re-runs they execute.
+        render_ns: wall time in ``render_fn``, re-runs included.
+        backward_ns: wall time in ``loss.backward()``, re-runs included.
     """
 
     tasks: int = 0
@@ -205,6 +212,9 @@ class RuntimeCounters:
     reordered: int = 0
     stale_reads: list[StaleRead] = field(default_factory=list)
     publications: int = 0
+    bookkeeping_ns: int = 0
+    render_ns: int = 0
+    backward_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,6 +229,49 @@ class ReadRecord:
     def stale_rows(self) -> Tensor:
         """Rows read with an admitted stale value, sorted int64 [S]."""
         return _union([a.rows for a in self.admitted], self.candidate.device)
+
+
+_Hook = TypeVar("_Hook", bound=Callable[..., Any])
+
+
+def _bookkeeping(hook: _Hook) -> _Hook:
+    """Time a hook into ``counters.bookkeeping_ns``: Odin's own cost per step, which must stay small.
+
+    Only the outermost hook call is timed (after_backward -> progress -> publish and read_next -> before_read
+    count once), and the render and backward time of re-runs executed inside it is subtracted, so the counter
+    holds the runtime's culling, conflict checks, gathers, staging, validation, exchange starts and
+    publications, never the renderer's work. On CUDA the hook's kernels queued on the current stream are waited
+    for before the clock stops (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to
+    the next render.
+    """
+
+    @functools.wraps(hook)
+    def timed(self: OdinRuntime, *args: Any, **kwargs: Any) -> Any:
+        if self._in_hook:
+            return hook(self, *args, **kwargs)
+        counters = self.counters
+        self._in_hook = True
+        rendering = counters.render_ns + counters.backward_ns
+        start = Timeline.now()
+        try:
+            return hook(self, *args, **kwargs)
+        finally:
+            _synchronize(self.device)
+            elapsed = Timeline.now() - start
+            counters.bookkeeping_ns += elapsed - (counters.render_ns + counters.backward_ns - rendering)
+            self._in_hook = False
+
+    return timed  # type: ignore[return-value]
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the kernels queued on the device's current stream, so that spans time the work, not its launch.
+
+    Only the current stream: an asynchronous exchange in flight on a communication stream (NCCL) is not waited
+    for, so it still overlaps with the next task.
+    """
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _union(parts: list[Tensor], device: torch.device) -> Tensor:
@@ -274,6 +327,7 @@ class OdinRuntime:
         self._handles: dict[int, dict[int, tuple[ExchangeHandle, int]]] = {}
         self._wait_since: dict[int, tuple[int, Wait]] = {}
         self._step_plans: dict[int, tuple[int, ...]] = {}
+        self._in_hook = False
 
     @property
     def device(self) -> torch.device:
@@ -307,6 +361,7 @@ class OdinRuntime:
         self.counters.waits[wait.reason] = self.counters.waits.get(wait.reason, 0) + 1
         return wait
 
+    @_bookkeeping
     def before_read(self, task: Task) -> Read | Wait:
         """Hook 1: compute C(t), check it against unpublished writes, and gather it or say what to wait for.
 
@@ -379,6 +434,7 @@ class OdinRuntime:
         self.counters.stale_reads.append(StaleRead(task.key, conflicts.rows.numel(), staleness, fraction))
         return tuple(admitted)
 
+    @_bookkeeping
     def after_backward(self, read: Read, info: dict[str, Any] | None = None) -> None:
         """Hook 2: stage A(t) and its gradients; when the worker's step is complete, validate and exchange it.
 
@@ -392,7 +448,7 @@ class OdinRuntime:
         self.progress()
 
     def _stage(self, read: Read, info: dict[str, Any] | None) -> None:
-        """Stage A(t), its gradients and its densification statistics; release the task's leaves."""
+        """Stage A(t), its gradients and its densification statistics; then free the task's leaves and grads."""
         active = self._active_rows(read, info)
         grads = {
             name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))[active].detach()
@@ -401,8 +457,8 @@ class OdinRuntime:
         stats = None
         if self.strategy_state is not None and info is not None and "means2d" in info:
             stats = task_stats(info, read.candidate, self.config.packed, self.config.absgrad)
-        self.shadow.release(read.leaves)
         self.shadow.stage(read.task.key, SparseUpdate(read.candidate[active], grads), stats)
+        self.shadow.release(read.leaves)
 
     def _active_rows(self, read: Read, info: dict[str, Any] | None) -> Tensor:
         """Positions in C(t) of the active set A(t), int64 [A] sorted."""
@@ -420,6 +476,7 @@ class OdinRuntime:
                 nonzero |= (leaf.grad.reshape(size, -1) != 0).any(dim=1)
         return torch.nonzero(nonzero).flatten()
 
+    @_bookkeeping
     def progress(self) -> None:
         """Commit every worker step that can be validated and publish every step whose exchange is complete."""
         changed = True
@@ -525,11 +582,9 @@ class OdinRuntime:
             failures.append("candidate")
         escaped = torch.empty(0, dtype=torch.int64, device=self.device)
         if self.visibility_fn is not None:
-            candidate_mask = torch.zeros(self.num_primitives, dtype=torch.bool, device=self.device)
-            candidate_mask[record.candidate] = True
-            outside = torch.nonzero(~candidate_mask).flatten()
-            rows = {name: p.detach()[outside] for name, p in self.params.items()}
-            escaped = outside[self.visibility_fn(task, rows)]
+            every_row = {name: p.detach() for name, p in self.params.items()}
+            visible = torch.nonzero(self.visibility_fn(task, every_row)).flatten()
+            escaped = visible[~isin_sorted(visible, record.candidate)]
             if escaped.numel():
                 failures.append("escape")
         for kind in failures:
@@ -552,6 +607,7 @@ class OdinRuntime:
         _, info = self._render_and_backward(read)
         self._stage(read, info)
 
+    @_bookkeeping
     def publish(self, step: int) -> None:
         """Hook 3: apply selective Adam to the union of step ``step``'s active rows and free its slot.
 
@@ -604,13 +660,18 @@ class OdinRuntime:
         loss, info = self.render_fn(task, read.leaves, read.generator)
         if self.strategy_state is not None and "means2d" in info and info["means2d"].requires_grad:
             info["means2d"].retain_grad()
-        self.timeline.record("render", task.worker, task.step, start, {"view": task.view})
+        _synchronize(self.device)
+        render = self.timeline.record("render", task.worker, task.step, start, {"view": task.view})
+        self.counters.render_ns += render.end_ns - render.start_ns
         start = self.timeline.now()
         loss.backward()
-        self.timeline.record("backward", task.worker, task.step, start, {"view": task.view})
+        _synchronize(self.device)
+        backward = self.timeline.record("backward", task.worker, task.step, start, {"view": task.view})
+        self.counters.backward_ns += backward.end_ns - backward.start_ns
         self.counters.tasks += 1
         return loss, info
 
+    @_bookkeeping
     def read_next(self, tasks: Sequence[Task]) -> Read | Wait:
         """Admit, among one worker's remaining tasks of a step, the first whose read has no pending conflict.
 
@@ -688,9 +749,15 @@ class OdinRuntime:
         self.published_rows.clear()
 
     def memory_report(self) -> dict[str, int]:
-        """Peak and current bytes of gathered plus staged tensors, and the model's parameter bytes."""
+        """Peak and current bytes of gathered plus staged tensors, the peak's make-up, and the model's bytes.
+
+        ``peak_{kind}_bytes`` for kind in leaves, grads, staged, candidates: what each held at the peak (they
+        sum to it).
+        """
+        meter = self.shadow.memory
         return {
-            "peak_extra_bytes": self.shadow.memory.peak,
-            "current_extra_bytes": self.shadow.memory.current,
+            "peak_extra_bytes": meter.peak,
+            "current_extra_bytes": meter.current,
             "model_bytes": model_bytes(self.params),
+            **{f"peak_{kind}_bytes": meter.at_peak.get(kind, 0) for kind in MEMORY_KINDS},
         }

@@ -3,8 +3,9 @@
 Odin (arXiv 2607.19893, "Shadow Graph") lets work of different steps overlap without aliasing state autograd
 still needs: each task gathers its candidate rows into task-local leaf tensors, renders and back-propagates into
 them, and its active rows' gradients are staged in the ring slot of its step (K slots, step s in slot s mod K).
-Only publication writes the global state. Memory is O(|C|) per task in flight plus O(|A|) per staged task, never
-a second copy of the model; :class:`MemoryMeter` measures it.
+Only publication writes the global state. Memory is O(|C|) per task in flight plus O(|A|) per staged task (and
+the int64 candidate sets declared in open slots), never a second copy of the model; :class:`MemoryMeter` measures
+it.
 """
 
 from __future__ import annotations
@@ -18,19 +19,35 @@ from odin_nerfstudio.conflicts import StepRows
 from odin_nerfstudio.sparse import SparseUpdate, sum_in_order, tensor_bytes
 
 TaskKey = tuple[int, int, int]
+MEMORY_KINDS = ("leaves", "grads", "staged", "candidates")
+"""What :class:`MemoryMeter` tells apart: gathered rows, their gradients, staged updates, declared candidate sets."""
 
 
 @dataclass
 class MemoryMeter:
-    """Bytes of gathered and staged tensors alive now, and their peak."""
+    """Bytes of gathered and staged tensors alive now, and their peak with its make-up (what to shrink first).
+
+    Attributes:
+        current: bytes alive now.
+        peak: the largest ``current`` seen.
+        parts: bytes alive now per kind ("leaves": gathered rows, "grads": their gradients, "staged": staged
+            active rows and gradients, "candidates": the candidate sets declared in open slots, superseded ones
+            included).
+        at_peak: ``parts`` when the peak was reached.
+    """
 
     current: int = 0
     peak: int = 0
+    parts: dict[str, int] = field(default_factory=dict)
+    at_peak: dict[str, int] = field(default_factory=dict)
 
-    def add(self, nbytes: int) -> None:
-        """Account ``nbytes`` more (negative to release)."""
+    def add(self, nbytes: int, kind: str) -> None:
+        """Account ``nbytes`` more of ``kind`` (negative to release)."""
         self.current += nbytes
-        self.peak = max(self.peak, self.current)
+        self.parts[kind] = self.parts.get(kind, 0) + nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+            self.at_peak = dict(self.parts)
 
 
 @dataclass
@@ -122,14 +139,20 @@ class ShadowGraph:
             Per name, a fresh leaf [M, ...] with ``requires_grad=True``.
         """
         leaves = {name: p.detach()[rows].requires_grad_(True) for name, p in params.items()}
-        self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()))
+        self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
         return leaves
 
     def release(self, leaves: dict[str, Tensor]) -> None:
-        """Account the end of a task's leaves (and the gradients autograd put in them)."""
+        """End a task's leaves and the gradients autograd put in them: account them and drop them from ``leaves``.
+
+        Emptying the dict drops the runtime's references, so the rows are freed here (once the renderer holds
+        none) rather than when the caller lets go of its :class:`Read`, after re-runs and publications.
+        """
         grads = sum(tensor_bytes(leaf.grad) for leaf in leaves.values() if leaf.grad is not None)
-        self.memory.add(grads)
-        self.memory.add(-grads - sum(tensor_bytes(leaf) for leaf in leaves.values()))
+        self.memory.add(grads, "grads")
+        self.memory.add(-grads, "grads")
+        self.memory.add(-sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
+        leaves.clear()
 
     def declare(self, key: TaskKey, candidate: Tensor) -> None:
         """Record that task ``key`` read ``candidate`` (sorted int64 [M]) in its step's slot."""
@@ -137,15 +160,16 @@ class ShadowGraph:
         if key in slot.candidates:
             slot.superseded.append(slot.candidates[key])
         slot.candidates[key] = candidate
+        self.memory.add(tensor_bytes(candidate), "candidates")
 
     def stage(self, key: TaskKey, update: SparseUpdate, extra: object = None) -> None:
         """Stage task ``key``'s active rows and gradients (replacing an earlier attempt of the same task)."""
         slot = self.open(key[0])
         if key in slot.staged:
-            self.memory.add(-slot.staged[key].nbytes)
+            self.memory.add(-slot.staged[key].nbytes, "staged")
         slot.staged[key] = update
         slot.extras[key] = extra
-        self.memory.add(update.nbytes)
+        self.memory.add(update.nbytes, "staged")
 
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
         """A worker's contribution to ``step``: its staged updates summed in task order."""
@@ -158,7 +182,9 @@ class ShadowGraph:
         slot = self.slot(step)
         if slot is None:
             raise RuntimeError(f"no ring slot holds step {step}")
-        self.memory.add(-sum(update.nbytes for update in slot.staged.values()))
+        self.memory.add(-sum(update.nbytes for update in slot.staged.values()), "staged")
+        declared = [*slot.candidates.values(), *slot.superseded]
+        self.memory.add(-sum(tensor_bytes(rows) for rows in declared), "candidates")
         self.slots[step % self.ring_slots] = None
         return slot
 

@@ -47,9 +47,11 @@ class Timeline:
         """The clock events use, in nanoseconds."""
         return time.perf_counter_ns()
 
-    def record(self, name: str, worker: int, step: int, start_ns: int, args: dict[str, Any] | None = None) -> None:
-        """Record a span that started at ``start_ns`` and ends now."""
-        self.events.append(Event(name, worker, step, start_ns, self.now(), dict(args or {})))
+    def record(self, name: str, worker: int, step: int, start_ns: int, args: dict[str, Any] | None = None) -> Event:
+        """Record a span that started at ``start_ns`` and ends now; returns it."""
+        event = Event(name, worker, step, start_ns, self.now(), dict(args or {}))
+        self.events.append(event)
+        return event
 
     def total_ns(self, name: str) -> int:
         """Summed duration of the events called ``name``."""

@@ -1,0 +1,46 @@
+"""The benchmarks' shared report writer edits only its own section, and bench_runtime's quick run works end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_report():
+    """benchmarks/_report.py as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("_report", ROOT / "benchmarks" / "_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
+    report = load_report()
+    path = tmp_path / "BENCHMARKS.md"
+    report.write_section("a", "first a", path)
+    report.write_section("b", "only b", path)
+    report.write_section("a", "second a", path)
+    text = path.read_text()
+    assert text.startswith("# Benchmarks\n")
+    assert "first a" not in text and text.count("second a") == 1 and text.count("only b") == 1
+    assert text.index("<!-- a:start -->") < text.index("<!-- b:start -->")
+
+
+def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_runtime.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Quality-first ended bit-identical to barrier in every run: yes" in result.stdout
+    assert "**bookkeeping share of step time**" in result.stdout
+    assert "**peak shadow memory / parameters**" in result.stdout
+    assert "updated" not in result.stdout
