@@ -41,6 +41,51 @@ class Camera:
     height: int
 
 
+@dataclass
+class BoundingSpheres:
+    """The culling bounds of every Gaussian, kept column-major so that culling a task is one [3, 3] x [3, N] product.
+
+    Row-major means [N, 3] make the camera transform a matmul with an inner size of 3, slow on CPU; the centres
+    are kept transposed, and the radii precomputed, and both are refreshed only on the rows a publication wrote.
+
+    Attributes:
+        centres: Gaussian centres in world space, [3, N].
+        radii: 3-sigma bounding radii, ``3 * max(scale)``, [N].
+    """
+
+    centres: Tensor
+    radii: Tensor
+
+    @classmethod
+    def of(cls, means: Tensor, scales: Tensor) -> BoundingSpheres:
+        """Bounds of Gaussians with centres [N, 3] and activated (world-space) scales [N, 3]."""
+        return cls(means.detach().T.contiguous(), 3.0 * scales.detach().max(dim=-1).values)
+
+    def update(self, rows: Tensor, means: Tensor, scales: Tensor) -> None:
+        """Refresh the bounds of ``rows`` (int64 [R]) from their new centres [R, 3] and scales [R, 3]."""
+        self.centres[:, rows] = means.detach().T.to(self.centres.dtype)
+        self.radii[rows] = 3.0 * scales.detach().max(dim=-1).values.to(self.radii.dtype)
+
+    def in_region(self, camera: Camera, margin: float, near_plane: float = 0.01) -> Tensor:
+        """Whether each sphere, widened by ``margin``, meets the widened frustum of ``camera``, bool [N]."""
+        rotation = camera.viewmat[:3, :3].to(self.centres.dtype)
+        translation = camera.viewmat[:3, 3].to(self.centres.dtype)
+        x, y, z = torch.addmm(translation[:, None], rotation, self.centres)
+        radius = self.radii * (1.0 + margin)
+        fx, fy = float(camera.K[0, 0]), float(camera.K[1, 1])
+        cx, cy = float(camera.K[0, 2]), float(camera.K[1, 2])
+        pad_x = margin * camera.width + BLUR_SLACK_PX
+        pad_y = margin * camera.height + BLUR_SLACK_PX
+        left, right = (-pad_x - cx) / fx, (camera.width + pad_x - cx) / fx
+        top, bottom = (-pad_y - cy) / fy, (camera.height + pad_y - cy) / fy
+        inside = z >= near_plane - radius
+        inside &= (x - left * z) >= -radius * (1.0 + left * left) ** 0.5
+        inside &= (right * z - x) >= -radius * (1.0 + right * right) ** 0.5
+        inside &= (y - top * z) >= -radius * (1.0 + top * top) ** 0.5
+        inside &= (bottom * z - y) >= -radius * (1.0 + bottom * bottom) ** 0.5
+        return inside
+
+
 def in_candidate_region(
     means: Tensor,
     scales: Tensor,
@@ -57,23 +102,7 @@ def in_candidate_region(
         margin: widening of the frustum (fraction of the image size) and of the sphere radius (fraction).
         near_plane: the rasterizer's near plane.
     """
-    rotation = camera.viewmat[:3, :3].to(means.dtype)
-    translation = camera.viewmat[:3, 3].to(means.dtype)
-    points = means @ rotation.T + translation  # [M, 3]
-    x, y, z = points.unbind(dim=-1)
-    radius = 3.0 * scales.max(dim=-1).values * (1.0 + margin)
-    fx, fy = float(camera.K[0, 0]), float(camera.K[1, 1])
-    cx, cy = float(camera.K[0, 2]), float(camera.K[1, 2])
-    pad_x = margin * camera.width + BLUR_SLACK_PX
-    pad_y = margin * camera.height + BLUR_SLACK_PX
-    left, right = (-pad_x - cx) / fx, (camera.width + pad_x - cx) / fx
-    top, bottom = (-pad_y - cy) / fy, (camera.height + pad_y - cy) / fy
-    inside = z >= near_plane - radius
-    inside &= (x - left * z) / (1.0 + left * left) ** 0.5 >= -radius
-    inside &= (right * z - x) / (1.0 + right * right) ** 0.5 >= -radius
-    inside &= (y - top * z) / (1.0 + top * top) ** 0.5 >= -radius
-    inside &= (bottom * z - y) / (1.0 + bottom * bottom) ** 0.5 >= -radius
-    return inside
+    return BoundingSpheres.of(means, scales).in_region(camera, margin, near_plane)
 
 
 def candidate_set(

@@ -64,7 +64,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.candidates import candidate_set, in_candidate_region
+from odin_nerfstudio.candidates import BoundingSpheres, in_candidate_region
 from odin_nerfstudio.conflicts import Conflicts, StepRows, isin_sorted, raw, war, waw
 from odin_nerfstudio.selective_adam import SelectiveAdam
 from odin_nerfstudio.shadow import MEMORY_KINDS, ShadowGraph, model_bytes
@@ -327,6 +327,7 @@ class OdinRuntime:
         self._handles: dict[int, dict[int, tuple[ExchangeHandle, int]]] = {}
         self._wait_since: dict[int, tuple[int, Wait]] = {}
         self._step_plans: dict[int, tuple[int, ...]] = {}
+        self._bounds: BoundingSpheres | None = None
         self._in_hook = False
 
     @property
@@ -344,15 +345,16 @@ class OdinRuntime:
         scales = scales if rows is None else scales[rows]
         return torch.exp(scales) if self.config.log_scales else scales
 
+    def _bounding_spheres(self) -> BoundingSpheres:
+        """The culling bounds of the current state, built once and refreshed on the rows each publication writes."""
+        if self._bounds is None or self._bounds.radii.numel() != self.num_primitives:
+            self._bounds = BoundingSpheres.of(self.params["means"], self._scales())
+        return self._bounds
+
     def _candidate_set(self, task: Task) -> Tensor:
         """C(t) on the current state, sorted int64 [M]."""
-        return candidate_set(
-            self.params["means"].detach(),
-            self._scales(),
-            task.camera,
-            self.config.candidate_margin,
-            self.config.near_plane,
-        )
+        inside = self._bounding_spheres().in_region(task.camera, self.config.candidate_margin, self.config.near_plane)
+        return torch.nonzero(inside).flatten()
 
     def _unpublished_writes(self, before_step: int) -> list[StepRows]:
         return [slot.writes() for slot in self.shadow.open_slots() if slot.step < before_step]
@@ -635,6 +637,8 @@ class OdinRuntime:
             raise RuntimeError(f"publish({step}): a running task of step <= {step} read the rows (WAR)")
         for name, optimizer in self.optimizers.items():
             optimizer.step_rows(merged.rows, [merged.grads[name]])
+        if self._bounds is not None:
+            self._bounds.update(merged.rows, self.params["means"][merged.rows], self._scales(merged.rows))
         slot = self.shadow.free(step)
         self.tables.publish(merged.rows, slot.declared(), step)
         if self.strategy_state is not None:
@@ -745,6 +749,7 @@ class OdinRuntime:
         if index_map.numel() != self.num_primitives:
             raise ValueError(f"index map has {index_map.numel()} rows, the model {self.num_primitives}")
         self.tables = self.tables.remap(index_map)
+        self._bounds = None
         self._recent_publications.clear()
         self.published_rows.clear()
 
