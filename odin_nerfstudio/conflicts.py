@@ -8,8 +8,8 @@ Odin (arXiv 2607.19893, Sec. "three hooks") synchronizes on the primitives two p
   in step order.
 - WAR: a publication would overwrite a row that a task of the same or an earlier step, still running, has read.
 
-Row sets are sorted int64 tensors or bool masks [N]. Every check is vectorized over primitives; the only Python
-loop runs over the (at most ring-size) unpublished steps.
+Row sets are sorted unique int64 tensors or bool masks [N]. Every check is vectorized over primitives; the only
+Python loop runs over the (at most ring-size) unpublished steps.
 """
 
 from __future__ import annotations
@@ -65,6 +65,24 @@ def as_rows(rows_or_mask: Tensor) -> Tensor:
     return torch.unique(rows_or_mask.to(torch.int64))
 
 
+def _sorted_rows(rows_or_mask: Tensor) -> Tensor:
+    """Rows [M] of a bool mask [N], or an int64 row tensor as is: the checks below take sorted unique rows
+    (their contract), so they never pay for a sort."""
+    if rows_or_mask.dtype == torch.bool:
+        return torch.nonzero(rows_or_mask).flatten()
+    return rows_or_mask
+
+
+def union_sorted(parts: Sequence[Tensor], device: torch.device | str = "cpu") -> Tensor:
+    """Sorted union of sorted unique int64 row tensors, [M]: a single part is returned as is, more are
+    concatenated, sorted and deduplicated (``unique_consecutive``, cheaper than ``unique`` on CPU)."""
+    if not parts:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    if len(parts) == 1:
+        return parts[0]
+    return torch.unique_consecutive(torch.sort(torch.cat(list(parts))).values)
+
+
 def isin_sorted(rows: Tensor, sorted_set: Tensor) -> Tensor:
     """Membership of each of ``rows`` [M] in the sorted int64 tensor ``sorted_set`` [S], bool [M]."""
     if sorted_set.numel() == 0:
@@ -78,7 +96,7 @@ def _against(rows: Tensor, others: Sequence[StepRows]) -> Conflicts:
     last = torch.full_like(rows, NO_STEP)
     first = torch.full_like(rows, NO_STEP)
     for other in sorted(others, key=lambda o: o.step):
-        hit = isin_sorted(rows, as_rows(other.rows))
+        hit = isin_sorted(rows, _sorted_rows(other.rows))
         last = torch.where(hit, other.step, last)
         first = torch.where(hit & (first == NO_STEP), other.step, first)
     hit = last != NO_STEP
@@ -97,7 +115,7 @@ def raw(candidate: Tensor, reader_step: int, unpublished_writes: Sequence[StepRo
         The rows of C(t) with a write from a step < s that is not published.
     """
     earlier = [w for w in unpublished_writes if w.step < reader_step]
-    return _against(as_rows(candidate), earlier)
+    return _against(_sorted_rows(candidate), earlier)
 
 
 def waw(writes: Tensor, writer_step: int, unpublished_writes: Sequence[StepRows]) -> Conflicts:
@@ -112,7 +130,7 @@ def waw(writes: Tensor, writer_step: int, unpublished_writes: Sequence[StepRows]
         The rows whose earlier write must be published before step s's.
     """
     earlier = [w for w in unpublished_writes if w.step < writer_step]
-    return _against(as_rows(writes), earlier)
+    return _against(_sorted_rows(writes), earlier)
 
 
 def war(writes: Tensor, writer_step: int, running_reads: Sequence[StepRows]) -> Conflicts:
@@ -127,4 +145,4 @@ def war(writes: Tensor, writer_step: int, running_reads: Sequence[StepRows]) -> 
         The rows the publication must not overwrite yet, with the readers' steps.
     """
     readers = [r for r in running_reads if r.step <= writer_step]
-    return _against(as_rows(writes), readers)
+    return _against(_sorted_rows(writes), readers)

@@ -35,7 +35,16 @@ Modes (:class:`OdinRuntimeConfig`):
 
 Validation also checks A(t) against C(t) when a ``visibility_fn`` is given (the rows the rasterizer would see on
 the synchronous state, outside C(t)): an escape is a counted validation failure, and the re-run adds the escaped
-rows to the task's candidate set, in every mode that re-runs, so barrier and quality stay equal.
+rows to the task's candidate set, in every mode that re-runs, so barrier and quality stay equal. A plain
+``VisibilityFn`` is asked about every row; an :class:`EscapeCheck` also bounds what it can report visible
+(:meth:`~odin_nerfstudio.candidates.CullRegion.drawable`), so only the rows of that bound outside C(t) are
+projected, found with the culling index in O(|C(t)|).
+
+Cost: the hooks are O(|C(t)|) per task and O(|union of A(t)|) per publication, not O(N): culling goes through the
+block index of :class:`~odin_nerfstudio.candidates.BoundingSpheres` (built with the runtime and after each
+structural change, rebuilt in O(N log N) only once its blocks have grown by a quarter), gathers and scatters touch
+the rows they name, and the write sets of open steps are merged once per change, not per reader. Only a plain
+VisibilityFn (every row projected) and structural changes are O(N).
 
 Dynamic ordering: :meth:`OdinRuntime.run_next` runs, among a worker's remaining tasks of a step, the first whose
 candidate set has no pending conflict; the gradient sum keeps task order, so quality stays exact.
@@ -64,8 +73,8 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.candidates import BoundingSpheres, in_candidate_region
-from odin_nerfstudio.conflicts import Conflicts, StepRows, isin_sorted, raw, war, waw
+from odin_nerfstudio.candidates import BoundingSpheres, CullRegion
+from odin_nerfstudio.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted, war, waw
 from odin_nerfstudio.selective_adam import SelectiveAdam
 from odin_nerfstudio.shadow import MEMORY_KINDS, ShadowGraph, model_bytes
 from odin_nerfstudio.sparse import SparseUpdate
@@ -79,8 +88,31 @@ Mode = Literal["quality", "throughput", "barrier"]
 RenderFn = Callable[[Task, dict[str, Tensor], torch.Generator], tuple[Tensor, dict[str, Any]]]
 """(task, gathered leaves [M, ...] per name, generator) -> (loss, info); info may hold the rasterizer's meta."""
 VisibilityFn = Callable[[Task, dict[str, Tensor]], Tensor]
-"""(task, parameter rows [M, ...] per name) -> bool [M]: the rows the rasterizer would see (radii > 0). The
-runtime passes every row (M = N, detached views, never a copy) and keeps those outside C(t)."""
+"""(task, parameter rows [M, ...] per name) -> bool [M]: the rows the rasterizer would see (radii > 0), each row
+decided on its own (whatever other rows are passed with it). Given alone, the runtime passes every row (M = N,
+detached views, never a copy) and keeps those outside C(t); see :class:`EscapeCheck` for the cheap form."""
+DrawableFn = Callable[[Task], CullRegion]
+"""task -> a region outside which the VisibilityFn it comes with reports no row visible (``CullRegion.drawable``
+of the camera it projects with)."""
+
+
+@dataclass(frozen=True)
+class EscapeCheck:
+    """A visibility function with a sound bound of what it can report: the escape check then costs O(|C(t)|).
+
+    The runtime projects only the rows whose bounding sphere meets ``drawable(task)`` and that are outside C(t)
+    (found with the culling index, gathered). Sound because ``visible`` reports a row visible only inside that
+    region (for gsplat's projection, :meth:`~odin_nerfstudio.candidates.CullRegion.drawable` proves it) and
+    decides each row on its own, so the rows skipped are exactly rows it would report invisible.
+
+    Attributes:
+        visible: which of the given parameter rows the rasterizer would see for a task.
+        drawable: per task, the region outside which ``visible`` reports nothing.
+    """
+
+    visible: VisibilityFn
+    drawable: DrawableFn
+
 
 _MAX_LOGGED_ROWS = 64
 
@@ -156,7 +188,7 @@ class Read:
     @property
     def stale_rows(self) -> Tensor:
         """Rows read with an admitted stale value, sorted int64 [S]."""
-        return _union([a.rows for a in self.admitted], self.candidate.device)
+        return union_sorted([a.rows for a in self.admitted], self.candidate.device)
 
 
 @dataclass(frozen=True)
@@ -177,14 +209,19 @@ class Wait:
     rows: Tensor
 
 
-@dataclass(frozen=True)
+@dataclass
 class StaleRead:
-    """One admitted stale read (throughput): task, rows read stale, the largest staleness and the fraction."""
+    """One admitted stale read (throughput): task, rows read stale, the largest staleness and the fraction.
+
+    ``kept`` becomes True when the task's update is exchanged with this read (validation did not re-run the task
+    on fresh state): the stale read then reached the model.
+    """
 
     key: tuple[int, int, int]
     rows: int
     staleness: int
     fraction: float
+    kept: bool = False
 
 
 @dataclass
@@ -197,7 +234,7 @@ class RuntimeCounters:
         validation_failures: failures per kind ("stale", "candidate", "escape").
         reruns: tasks re-run on fresh state after a validation failure.
         reordered: reads where dynamic ordering ran a later task of the worker's step first.
-        stale_reads: every admitted stale read (throughput), also those of a read later re-run.
+        stale_reads: every admitted stale read (throughput), also those of a read later re-run (``kept`` False).
         publications: steps published.
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
             publish), the outermost call only, less the render and backward of the re-runs they execute.
@@ -216,6 +253,11 @@ class RuntimeCounters:
     render_ns: int = 0
     backward_ns: int = 0
 
+    @property
+    def stale_reads_kept(self) -> int:
+        """Admitted stale reads that reached the model (not superseded by a re-run of their task)."""
+        return sum(1 for read in self.stale_reads if read.kept)
+
 
 @dataclass(frozen=True)
 class ReadRecord:
@@ -228,7 +270,7 @@ class ReadRecord:
     @property
     def stale_rows(self) -> Tensor:
         """Rows read with an admitted stale value, sorted int64 [S]."""
-        return _union([a.rows for a in self.admitted], self.candidate.device)
+        return union_sorted([a.rows for a in self.admitted], self.candidate.device)
 
 
 _Hook = TypeVar("_Hook", bound=Callable[..., Any])
@@ -274,11 +316,6 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def _union(parts: list[Tensor], device: torch.device) -> Tensor:
-    """Sorted union of int64 row tensors, [M]."""
-    return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.int64, device=device)
-
-
 class OdinRuntime:
     """Runs training tasks of W workers against one replica with primitive-level synchronization.
 
@@ -290,7 +327,8 @@ class OdinRuntime:
         transports: per worker, its end of the exchange.
         render_fn: renders a task from its gathered leaves and returns (loss, info); used by :meth:`run_next`
             and for re-runs.
-        visibility_fn: optional; which parameter rows the rasterizer would see for a task (escape check).
+        visibility_fn: optional; which parameter rows the rasterizer would see for a task (escape check), alone
+            (every row is projected) or as an :class:`EscapeCheck` (only rows that could escape are).
         strategy_state: optional gsplat strategy state; the statistics of every task whose info holds
             ``means2d`` are accumulated into it at publication.
     """
@@ -302,7 +340,7 @@ class OdinRuntime:
         optimizers: dict[str, SelectiveAdam],
         transports: Sequence[Transport],
         render_fn: RenderFn,
-        visibility_fn: VisibilityFn | None = None,
+        visibility_fn: VisibilityFn | EscapeCheck | None = None,
         strategy_state: dict[str, Any] | None = None,
     ) -> None:
         if len(transports) != config.num_workers:
@@ -327,8 +365,10 @@ class OdinRuntime:
         self._handles: dict[int, dict[int, tuple[ExchangeHandle, int]]] = {}
         self._wait_since: dict[int, tuple[int, Wait]] = {}
         self._step_plans: dict[int, tuple[int, ...]] = {}
+        self._admissions: dict[tuple[int, int, int], StaleRead] = {}
         self._bounds: BoundingSpheres | None = None
         self._in_hook = False
+        self._bounding_spheres()
 
     @property
     def device(self) -> torch.device:
@@ -340,21 +380,27 @@ class OdinRuntime:
         """N, the rows of the model now."""
         return self.params["means"].shape[0]
 
-    def _scales(self, rows: Tensor | None = None) -> Tensor:
-        scales = self.params["scales"].detach()
-        scales = scales if rows is None else scales[rows]
+    def _activated(self, scales: Tensor) -> Tensor:
+        """World-space scales [M, 3] of parameter rows ``scales`` [M, 3] (exp of gsplat's log-scales)."""
+        scales = scales.detach()
         return torch.exp(scales) if self.config.log_scales else scales
 
     def _bounding_spheres(self) -> BoundingSpheres:
-        """The culling bounds of the current state, built once and refreshed on the rows each publication writes."""
-        if self._bounds is None or self._bounds.radii.numel() != self.num_primitives:
-            self._bounds = BoundingSpheres.of(self.params["means"], self._scales())
+        """The culling bounds of the current state and their block index: built with the runtime and after each
+        structural change (``remap``), refreshed on the rows each publication writes."""
+        if self._bounds is None or self._bounds.num_rows != self.num_primitives:
+            self._bounds = BoundingSpheres.of(self.params["means"], self._activated(self.params["scales"]))
+            if self.num_primitives:
+                self._bounds.index()
         return self._bounds
 
+    def _candidate_region(self, task: Task) -> CullRegion:
+        """The region C(t) is culled against (the task's widened frustum)."""
+        return CullRegion.candidates(task.camera, self.config.candidate_margin, self.config.near_plane)
+
     def _candidate_set(self, task: Task) -> Tensor:
-        """C(t) on the current state, sorted int64 [M]."""
-        inside = self._bounding_spheres().in_region(task.camera, self.config.candidate_margin, self.config.near_plane)
-        return torch.nonzero(inside).flatten()
+        """C(t) on the current state, sorted int64 [M] (through the block index: O(|C(t)|), not O(N))."""
+        return self._bounding_spheres().rows_in(self._candidate_region(task))
 
     def _unpublished_writes(self, before_step: int) -> list[StepRows]:
         return [slot.writes() for slot in self.shadow.open_slots() if slot.step < before_step]
@@ -426,14 +472,16 @@ class OdinRuntime:
             if not bool(isin_sorted(rows, producer.rows).all()):
                 return None
             running = [c for key, c in slot.candidates.items() if key not in slot.staged]
-            if running and bool(isin_sorted(rows, _union(running, self.device)).any()):
+            if running and bool(isin_sorted(rows, union_sorted(running, self.device)).any()):
                 return None
             magnitude = producer.row_magnitude()
             ours = magnitude[torch.searchsorted(producer.rows, rows)]
             if not bool((ours < self.config.stale_grad_ratio * magnitude.mean()).all()):
                 return None
             admitted.append(StepRows(slot.step, rows))
-        self.counters.stale_reads.append(StaleRead(task.key, conflicts.rows.numel(), staleness, fraction))
+        stale = StaleRead(task.key, conflicts.rows.numel(), staleness, fraction)
+        self.counters.stale_reads.append(stale)
+        self._admissions[task.key] = stale
         return tuple(admitted)
 
     @_bookkeeping
@@ -453,13 +501,13 @@ class OdinRuntime:
         """Stage A(t), its gradients and its densification statistics; then free the task's leaves and grads."""
         active = self._active_rows(read, info)
         grads = {
-            name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))[active].detach()
+            name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
             for name, leaf in read.leaves.items()
         }
         stats = None
         if self.strategy_state is not None and info is not None and "means2d" in info:
             stats = task_stats(info, read.candidate, self.config.packed, self.config.absgrad)
-        self.shadow.stage(read.task.key, SparseUpdate(read.candidate[active], grads), stats)
+        self.shadow.stage(read.task.key, SparseUpdate(read.candidate.index_select(0, active), grads), stats)
         self.shadow.release(read.leaves)
 
     def _active_rows(self, read: Read, info: dict[str, Any] | None) -> Tensor:
@@ -470,7 +518,8 @@ class OdinRuntime:
                 visible = torch.zeros(size, dtype=torch.bool, device=self.device)
                 visible[info["gaussian_ids"]] = True
             else:
-                visible = (info["radii"] > 0).reshape(-1, size).any(dim=0)
+                radii = info["radii"].reshape(-1, size)
+                visible = radii[0] > 0 if radii.shape[0] == 1 else (radii > 0).any(dim=0)
             return torch.nonzero(visible).flatten()
         nonzero = torch.zeros(size, dtype=torch.bool, device=self.device)
         for leaf in read.leaves.values():
@@ -542,9 +591,12 @@ class OdinRuntime:
         slot = self.shadow.slot(step)
         for key in sorted(k for k in slot.staged if k[1] == worker):
             failures, escaped = self._validate(self.tasks[key])
+            stale = self._admissions.pop(key, None)
             if failures and (self.config.mode != "throughput" or "stale" in failures):
                 self.counters.reruns += 1
                 self._rerun(self.tasks[key], escaped)
+            elif stale is not None:
+                stale.kept = True
             if self.config.record_reads:
                 self.final_reads[key] = self.reads[key]
         start = self.timeline.now()
@@ -562,40 +614,52 @@ class OdinRuntime:
         record = self.reads[task.key]
         admitted = {a.step: a.rows for a in record.admitted}
         failures = []
-        changed = []
+        outside = []
         for step in range(record.read_mark + 1, task.step):
             published = self._recent_publications[step]
-            changed.append(published)
-            missed = published[isin_sorted(published, record.candidate)]
-            allowed = admitted.get(step, torch.empty(0, dtype=torch.int64, device=self.device))
-            if "stale" not in failures and not bool(isin_sorted(missed, allowed).all()):
+            read = isin_sorted(published, record.candidate)
+            missed = published[read]
+            allowed = admitted.get(step)
+            if (
+                missed.numel()
+                and "stale" not in failures
+                and (allowed is None or not bool(isin_sorted(missed, allowed).all()))
+            ):
                 failures.append("stale")
-        changed_rows = _union(changed, self.device)
-        moved = changed_rows[~isin_sorted(changed_rows, record.candidate)]
-        if moved.numel() and bool(
-            in_candidate_region(
-                self.params["means"].detach()[moved],
-                self._scales(moved),
-                task.camera,
-                self.config.candidate_margin,
-                self.config.near_plane,
-            ).any()
-        ):
+            outside.append(published[~read])
+        moved = union_sorted(outside, self.device)
+        if moved.numel() and bool(self._bounding_spheres().meets(self._candidate_region(task), moved).any()):
             failures.append("candidate")
-        escaped = torch.empty(0, dtype=torch.int64, device=self.device)
-        if self.visibility_fn is not None:
-            every_row = {name: p.detach() for name, p in self.params.items()}
-            visible = torch.nonzero(self.visibility_fn(task, every_row)).flatten()
-            escaped = visible[~isin_sorted(visible, record.candidate)]
-            if escaped.numel():
-                failures.append("escape")
+        escaped = self._escaped(task, record.candidate)
+        if escaped.numel():
+            failures.append("escape")
         for kind in failures:
             self.counters.validation_failures[kind] = self.counters.validation_failures.get(kind, 0) + 1
         return failures, escaped
 
+    def _escaped(self, task: Task, candidate: Tensor) -> Tensor:
+        """Rows outside ``candidate`` the visibility function reports visible for ``task``, sorted int64 [E].
+
+        With an :class:`EscapeCheck`, only the rows of its drawable region outside C(t) are gathered and asked
+        about; with a plain VisibilityFn, every row is (views, no copy).
+        """
+        check = self.visibility_fn
+        if check is None:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        if isinstance(check, EscapeCheck):
+            rows = self._bounding_spheres().rows_in(check.drawable(task))
+            rows = rows[~isin_sorted(rows, candidate)]
+            if rows.numel() == 0:
+                return rows
+            gathered = {name: p.detach().index_select(0, rows) for name, p in self.params.items()}
+            return rows[check.visible(task, gathered)]
+        every_row = {name: p.detach() for name, p in self.params.items()}
+        visible = torch.nonzero(check(task, every_row)).flatten()
+        return visible[~isin_sorted(visible, candidate)]
+
     def _rerun(self, task: Task, extra_rows: Tensor) -> None:
         """Re-run a task on the synchronous state, its candidate set widened by ``extra_rows``."""
-        candidate = torch.unique(torch.cat([self._candidate_set(task), extra_rows]))
+        candidate = union_sorted([self._candidate_set(task), extra_rows], self.device)
         self.shadow.declare(task.key, candidate)
         self.tables.declare(candidate, task.step)
         self.reads[task.key] = ReadRecord(candidate, self.published_through)
@@ -635,12 +699,14 @@ class OdinRuntime:
         ]
         if war(merged.rows, step, running).any:
             raise RuntimeError(f"publish({step}): a running task of step <= {step} read the rows (WAR)")
-        for name, optimizer in self.optimizers.items():
-            optimizer.step_rows(merged.rows, [merged.grads[name]])
-        if self._bounds is not None:
-            self._bounds.update(merged.rows, self.params["means"][merged.rows], self._scales(merged.rows))
+        updated = {name: opt.step_rows(merged.rows, [merged.grads[name]])[0] for name, opt in self.optimizers.items()}
+        means, scales = (
+            updated[name] if name in updated else self.params[name].detach().index_select(0, merged.rows)
+            for name in ("means", "scales")
+        )
+        self._bounding_spheres().update(merged.rows, means, self._activated(scales))
         slot = self.shadow.free(step)
-        self.tables.publish(merged.rows, slot.declared(), step)
+        self.tables.publish(merged.rows, slot.declared_sets(), step)
         if self.strategy_state is not None:
             for key in sorted(slot.extras):
                 stats = slot.extras[key]
@@ -750,6 +816,7 @@ class OdinRuntime:
             raise ValueError(f"index map has {index_map.numel()} rows, the model {self.num_primitives}")
         self.tables = self.tables.remap(index_map)
         self._bounds = None
+        self._bounding_spheres()
         self._recent_publications.clear()
         self.published_rows.clear()
 

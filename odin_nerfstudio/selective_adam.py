@@ -45,9 +45,17 @@ class SelectiveAdam(torch.optim.Optimizer):
         eps: float = 1e-15,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+        for group in self.param_groups:
+            for param in group["params"]:
+                self._state_of(param)
 
     def _state_of(self, param: Tensor) -> dict[str, Tensor]:
-        """The Adam state of ``param``, created as zeros (step 0) on first use."""
+        """The Adam state of ``param``, created as zeros (step 0) if it has none.
+
+        Created for every parameter at construction (allocating two model-sized moments is the optimizer's
+        set-up, not part of the first publication), and again for a parameter that gsplat's ops replaced
+        without carrying state.
+        """
         state = self.state[param]
         if not state:
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
@@ -56,18 +64,23 @@ class SelectiveAdam(torch.optim.Optimizer):
         return state
 
     @torch.no_grad()
-    def step_rows(self, rows: Tensor, grads: list[Tensor]) -> None:
+    def step_rows(self, rows: Tensor, grads: list[Tensor]) -> list[Tensor]:
         """Advance the global step and apply Adam to ``rows`` only.
 
         Args:
             rows: sorted, unique rows to update, int64 [M] (may be empty: the step still counts).
             grads: one gradient per parameter of the optimizer (in ``param_groups`` order), [M, ...] each,
                 aligned with ``rows``.
+
+        Returns:
+            Per parameter, its new values on ``rows`` [M, ...] (what was just written; a caller that keeps
+            something derived from them, as the runtime's culling bounds, need not gather them again).
         """
         params = [p for group in self.param_groups for p in group["params"]]
         if len(grads) != len(params):
             raise ValueError(f"step_rows got {len(grads)} gradients for {len(params)} parameters")
         index = 0
+        updated = []
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for param in group["params"]:
@@ -80,16 +93,18 @@ class SelectiveAdam(torch.optim.Optimizer):
                 bias_correction2 = 1 - beta2**step
                 step_size = group["lr"] / bias_correction1
                 bias_correction2_sqrt = bias_correction2**0.5
-                exp_avg = state["exp_avg"][rows]
-                exp_avg_sq = state["exp_avg_sq"][rows]
-                value = param.data[rows]
+                exp_avg = state["exp_avg"].index_select(0, rows)
+                exp_avg_sq = state["exp_avg_sq"].index_select(0, rows)
+                value = param.data.index_select(0, rows)
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
+                denom = exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(group["eps"])
                 value.addcdiv_(exp_avg, denom, value=-step_size)
                 state["exp_avg"].index_copy_(0, rows, exp_avg)
                 state["exp_avg_sq"].index_copy_(0, rows, exp_avg_sq)
                 param.data.index_copy_(0, rows, value)
+                updated.append(value)
+        return updated
 
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         """Not supported: a selective optimizer must be told its rows; use :meth:`step_rows`."""

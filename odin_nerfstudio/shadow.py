@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.conflicts import StepRows
+from odin_nerfstudio.conflicts import StepRows, union_sorted
 from odin_nerfstudio.sparse import SparseUpdate, sum_in_order, tensor_bytes
 
 TaskKey = tuple[int, int, int]
@@ -61,6 +61,9 @@ class RingSlot:
         staged: per task that has finished backward, its active rows A(t) and their gradients.
         extras: per staged task, what the runtime stages beside the gradients (densification statistics).
         superseded: candidate sets replaced by a re-run of their task (still declared until publication).
+
+    Change ``candidates`` and ``staged`` only through :class:`ShadowGraph` (``declare``, ``stage``), which drops
+    the cached :meth:`writes`.
     """
 
     step: int
@@ -69,20 +72,27 @@ class RingSlot:
     staged: dict[TaskKey, SparseUpdate] = field(default_factory=dict)
     extras: dict[TaskKey, object] = field(default_factory=dict)
     superseded: list[Tensor] = field(default_factory=list)
+    _writes: StepRows | None = field(default=None, repr=False)
 
     def writes(self) -> StepRows:
-        """The rows the step may still write: A(t) of staged tasks, C(t) of tasks still running."""
-        parts = [self.staged[key].rows if key in self.staged else rows for key, rows in self.candidates.items()]
-        if not parts:
-            return StepRows(self.step, torch.empty(0, dtype=torch.int64, device=self.device))
-        return StepRows(self.step, torch.unique(torch.cat(parts)))
+        """The rows the step may still write: A(t) of staged tasks, C(t) of tasks still running (cached: every
+        reader checks against it, the slot changes once per task)."""
+        if self._writes is None:
+            parts = [self.staged[key].rows if key in self.staged else rows for key, rows in self.candidates.items()]
+            self._writes = StepRows(self.step, union_sorted(parts, self.device))
+        return self._writes
+
+    def changed(self) -> None:
+        """Drop the cached write set (a task declared or staged)."""
+        self._writes = None
+
+    def declared_sets(self) -> list[Tensor]:
+        """The candidate sets read in this step, superseded ones included, each sorted int64 [M]."""
+        return list(self.candidates.values()) + self.superseded
 
     def declared(self) -> Tensor:
         """Union of the candidate sets read in this step, superseded ones included, sorted int64 [M]."""
-        parts = list(self.candidates.values()) + self.superseded
-        if not parts:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
-        return torch.unique(torch.cat(parts))
+        return union_sorted(self.declared_sets(), self.device)
 
     def staged_update(self, template: dict[str, Tensor]) -> SparseUpdate:
         """Sum of every staged task's update, in task order (the producer's update so far)."""
@@ -138,7 +148,7 @@ class ShadowGraph:
         Returns:
             Per name, a fresh leaf [M, ...] with ``requires_grad=True``.
         """
-        leaves = {name: p.detach()[rows].requires_grad_(True) for name, p in params.items()}
+        leaves = {name: p.detach().index_select(0, rows).requires_grad_(True) for name, p in params.items()}
         self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
         return leaves
 
@@ -160,6 +170,7 @@ class ShadowGraph:
         if key in slot.candidates:
             slot.superseded.append(slot.candidates[key])
         slot.candidates[key] = candidate
+        slot.changed()
         self.memory.add(tensor_bytes(candidate), "candidates")
 
     def stage(self, key: TaskKey, update: SparseUpdate, extra: object = None) -> None:
@@ -169,6 +180,7 @@ class ShadowGraph:
             self.memory.add(-slot.staged[key].nbytes, "staged")
         slot.staged[key] = update
         slot.extras[key] = extra
+        slot.changed()
         self.memory.add(update.nbytes, "staged")
 
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:

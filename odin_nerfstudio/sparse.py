@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.conflicts import union_sorted
+
 
 @dataclass(frozen=True)
 class SparseUpdate:
@@ -48,7 +50,14 @@ def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -
     """Sum sparse updates in the given order on the union of their rows.
 
     Every row starts from zero and receives each update's contribution in sequence (``index_add_`` adds each
-    index once per call, so the per-row order is exactly the order of ``updates``).
+    index once per call, so the per-row order is exactly the order of ``updates``). An update whose rows are the
+    whole union (workers that touched the same rows) is added with ``add_``, the same element-wise ``0 + g``
+    without the index; positions are found once for all parameters.
+
+    A single update is returned as is, not copied: ``0 + g`` equals ``g`` bit for bit except that it turns a
+    -0.0 into +0.0, and no consumer tells the two apart (a later sum starts from +0.0 and a running sum that
+    starts there is never -0.0, so adding either zero gives the same bits; selective Adam's ``lerp`` and
+    ``addcmul`` of a zero gradient give the same moments for both signs; tested).
 
     Args:
         updates: the updates to sum, in the order the sum must run.
@@ -58,15 +67,23 @@ def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -
     Returns:
         The summed update over the sorted union of rows.
     """
+    if len(updates) == 1:
+        return updates[0]
     device = next(iter(template.values())).device
-    if updates:
-        rows = torch.unique(torch.cat([u.rows for u in updates]))
-    else:
-        rows = torch.empty(0, dtype=torch.int64, device=device)
+    rows = union_sorted([u.rows for u in updates], device)
+    positions = [None if _same_rows(u.rows, rows) else torch.searchsorted(rows, u.rows) for u in updates]
     grads = {}
     for name, ref in template.items():
         total = torch.zeros((rows.numel(), *ref.shape[1:]), dtype=ref.dtype, device=device)
-        for update in updates:
-            total.index_add_(0, torch.searchsorted(rows, update.rows), update.grads[name])
+        for update, position in zip(updates, positions, strict=True):
+            if position is None:
+                total.add_(update.grads[name])
+            else:
+                total.index_add_(0, position, update.grads[name])
         grads[name] = total
     return SparseUpdate(rows=rows, grads=grads)
+
+
+def _same_rows(rows: Tensor, union: Tensor) -> bool:
+    """Whether sorted unique ``rows`` [M] are all of the sorted ``union`` [U] (then M == U)."""
+    return rows is union or (rows.numel() == union.numel() and bool(torch.equal(rows, union)))

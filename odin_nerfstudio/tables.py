@@ -7,6 +7,7 @@ through it at once, the way gsplat's ``ops`` carry parameters, optimizer state a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -48,18 +49,21 @@ class PrimitiveTables:
 
     def declare(self, rows: Tensor, step: int) -> None:
         """Record that ``step`` may write ``rows`` (int64 [M]) before its publication."""
-        self.pending_step[rows] = torch.clamp(self.pending_step[rows], min=step)
+        pending = self.pending_step.index_select(0, rows)
+        self.pending_step.index_copy_(0, rows, torch.clamp(pending, min=step))
 
-    def publish(self, rows: Tensor, declared: Tensor, step: int) -> None:
+    def publish(self, rows: Tensor, declared: Tensor | Sequence[Tensor], step: int) -> None:
         """Record the publication of ``step``: ``rows`` (int64 [M]) written, ``declared`` rows no longer pending.
 
         Publications run in step order, so every pending mark at or before ``step`` on the declared rows is
-        cleared; marks of later steps stay.
+        cleared; marks of later steps stay. ``declared`` may be one row tensor or the candidate sets as the tasks
+        declared them: clearing is idempotent, so they are cleared one by one, without forming their union.
         """
-        self.versions[rows] += 1
-        self.published_step[rows] = step
-        pending = self.pending_step[declared]
-        self.pending_step[declared] = torch.where(pending <= step, NO_STEP, pending)
+        self.versions.index_copy_(0, rows, self.versions.index_select(0, rows) + 1)
+        self.published_step.index_fill_(0, rows, step)
+        for part in [declared] if isinstance(declared, Tensor) else declared:
+            pending = self.pending_step.index_select(0, part)
+            self.pending_step.index_copy_(0, part, torch.where(pending <= step, NO_STEP, pending))
 
     def remap(self, index_map: Tensor) -> PrimitiveTables:
         """The tables after a structural change; see :func:`remap`."""

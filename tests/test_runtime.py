@@ -204,6 +204,7 @@ def test_throughput_never_exceeds_its_bounds(stale_fraction, max_staleness, work
     )
     for stale in runtime.counters.stale_reads:
         assert stale.fraction <= stale_fraction and stale.staleness <= max_staleness
+        assert stale.kept == bool(runtime.final_reads[stale.key].admitted)
     for key, record in runtime.final_reads.items():
         missed = changed_rows_since_read(runtime, key)
         assert set(missed) <= set(record.stale_rows.tolist()), f"task {key} read unadmitted stale rows"
@@ -216,6 +217,26 @@ def test_throughput_admits_stale_reads_and_counts_them() -> None:
     stale = runtime.counters.stale_reads
     assert stale and all(s.rows > 0 and 1 <= s.staleness <= 3 for s in stale)
     assert runtime.counters.waits.get("raw", 0) < run("quality", DENSE, 2, 1, [1] * 40).counters.waits["raw"]
+
+
+def test_throughput_counts_the_stale_reads_that_reach_the_model() -> None:
+    """A stale read whose task validation re-runs on fresh state (a write unknown at admission) is superseded;
+    the others reach the model: ``kept`` marks exactly the tasks whose final read holds its admitted rows."""
+    runtime = run(
+        "throughput",
+        DENSE,
+        2,
+        1,
+        adversarial(2)["last_runs_ahead"],
+        stale_fraction=0.9,
+        stale_grad_ratio=5.0,
+        max_staleness=3,
+        record_reads=True,
+    )
+    stale = runtime.counters.stale_reads
+    assert any(read.kept for read in stale) and not all(read.kept for read in stale)
+    assert all(read.kept == bool(runtime.final_reads[read.key].admitted) for read in stale)
+    assert runtime.counters.stale_reads_kept == sum(read.kept for read in stale)
 
 
 def test_throughput_with_zero_gradient_ratio_admits_nothing() -> None:
@@ -341,7 +362,7 @@ def test_bookkeeping_counts_nested_hooks_once(monkeypatch: pytest.MonkeyPatch) -
     def slow_step_rows(self, rows, grads):
         time.sleep(nap_ns / 1e9)
         slept.append(nap_ns)
-        step_rows(self, rows, grads)
+        return step_rows(self, rows, grads)
 
     monkeypatch.setattr(SelectiveAdam, "step_rows", slow_step_rows)
     runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=1), make_params())

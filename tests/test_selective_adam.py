@@ -104,3 +104,22 @@ def test_gsplat_ops_remap_selective_adam_state() -> None:
     assert moved["step"].item() == 1
     optimizers["means"].step_rows(torch.tensor([0, 6]), [torch.ones(2, 3)])
     assert moved["step"].item() == 2
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.4, 0.99)])
+def test_sign_of_a_zero_gradient_changes_no_bit(betas: tuple[float, float]) -> None:
+    """A -0.0 gradient updates values and moments exactly as +0.0 does (both lerp branches), which is why a
+    single staged update may be exchanged without the ``0 + g`` that would turn its -0.0 into +0.0."""
+    generator = torch.Generator().manual_seed(2)
+    start = torch.randn(64, 3, generator=generator)
+    grads = [torch.randn(64, 3, generator=generator) * (torch.rand(64, 3, generator=generator) < 0.5) for _ in range(6)]
+    states = []
+    for sign in (1.0, -1.0):
+        param = torch.nn.Parameter(start.clone())
+        selective = SelectiveAdam([param], lr=0.01, betas=betas)
+        for grad in grads:
+            zero_signed = torch.where(grad == 0, torch.full_like(grad, sign * 0.0), grad)
+            selective.step_rows(torch.arange(64), [zero_signed])
+        state = selective.state[param]
+        states.append([t.view(torch.int32) for t in (param.detach(), state["exp_avg"], state["exp_avg_sq"])])
+    assert all(torch.equal(a, b) for a, b in zip(*states, strict=True))

@@ -18,11 +18,11 @@ from nerfstudio.models.splatfacto import get_viewmat
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch import Tensor
 
-from odin_nerfstudio.candidates import Camera
+from odin_nerfstudio.candidates import Camera, CullRegion
 from odin_nerfstudio.ns.model import OdinSplatModel
 from odin_nerfstudio.rasterize import projected_radii
 from odin_nerfstudio.refine import apply_structural_change, structural_change_due
-from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.selective_adam import selective_adams
 from odin_nerfstudio.tasks import Task
 from odin_nerfstudio.transport import Transport, VirtualTransport
@@ -95,10 +95,26 @@ class SplatTaskRenderer:
         loss = (1 - model.config.ssim_lambda) * l1 + model.config.ssim_lambda * (1 - ssim)
         return loss, info
 
+    def render_camera(self, task: Task) -> Camera:
+        """The camera `task` renders with: its camera at the downscale of the resolution schedule at its step
+        (not at whichever step the model rendered last: validation runs after later tasks have rendered)."""
+        self.model.step = task.step
+        return downscaled(task.camera, self.model._get_downscale_factor())
+
+    def drawable(self, task: Task) -> CullRegion:
+        """Where `visible` can find a row for `task`: the drawable region of the camera it projects with, with
+        `projected_radii`' default blur and near plane. Outside it every Gaussian has radius 0 (proof in
+        `CullRegion.drawable`), so the runtime's escape check asks `visible` only about the rows inside it and
+        outside C(t)."""
+        return CullRegion.drawable(self.render_camera(task))
+
     @torch.no_grad()
     def visible(self, task: Task, rows: dict[str, Tensor]) -> Tensor:
-        """Which of the given parameter rows ([M, ...] per name) the rasterizer would draw for `task`, bool [M]."""
-        camera = downscaled(task.camera, self.model._get_downscale_factor())
+        """Which of the given parameter rows ([M, ...] per name) the rasterizer would draw for `task`, bool [M].
+
+        Each row is decided on its own (a projection, no compositing), so it may be asked about any subset.
+        """
+        camera = self.render_camera(task)
         radii = projected_radii(
             rows["means"],
             rows["quats"],
@@ -128,7 +144,8 @@ def build_runtime(
 
     Without `transports`, the W workers of `config` share one in-process (virtual) transport. With
     `check_escapes`, every task is validated against the rows the rasterizer would draw outside its candidate
-    set (a projection of those rows per task); an escape is counted and, in quality-first, re-run.
+    set (a projection of the rows of its drawable region outside C(t), see `SplatTaskRenderer.drawable`); an
+    escape is counted and, in quality-first, re-run.
     """
     params = model.gauss_params
     if transports is None:
@@ -144,7 +161,7 @@ def build_runtime(
         model.optimizers,
         transports,
         renderer,
-        visibility_fn=renderer.visible if check_escapes else None,
+        visibility_fn=EscapeCheck(renderer.visible, renderer.drawable) if check_escapes else None,
         strategy_state=model.strategy_state,
     )
 
