@@ -32,3 +32,14 @@ def any_real_scene(request: pytest.FixtureRequest) -> Path:
 def fern() -> Path:
     """The LLFF fern scene (20 views, PINHOLE)."""
     return real_scene("fern")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module: small tensors on a shared 2-core machine run far faster that way."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

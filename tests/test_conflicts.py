@@ -10,18 +10,11 @@ from hypothesis import strategies as st
 from odin_nerfstudio.conflicts import NO_STEP, StepRows, as_rows, isin_sorted, raw, war, waw
 from odin_nerfstudio.tables import PrimitiveTables, index_map_from_uid, remap
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 N = 40
 row_sets = st.sets(st.integers(0, N - 1), max_size=N)
 step_writes = st.lists(st.tuples(st.integers(0, 8), row_sets), max_size=5, unique_by=lambda t: t[0])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors on a shared machine: one intra-op thread is an order of magnitude faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def rows_of(values: set[int]) -> torch.Tensor:

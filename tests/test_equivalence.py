@@ -23,6 +23,8 @@ from odin_nerfstudio.runtime import OdinRuntimeConfig
 from odin_nerfstudio.synth import SynthConfig, make_scene
 from tests.conftest import real_scene
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STEPS = 100
 
 
@@ -65,15 +67,6 @@ def interleavings(workers: int) -> dict[str, list[int]]:
 def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic street scene (sparse overlap)."""
     return make_scene(SynthConfig(preset="street", output=tmp_path_factory.mktemp("street")))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: the scenes are tiny, and threads only add overhead on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -20,14 +20,7 @@ from odin_nerfstudio.virtual import run_virtual
 from tests.conftest import REAL_SCENES, real_scene
 from tests.toy_scene import assert_identical, make_params, make_runtime, make_schedule, render_gsplat, snapshot
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors on a shared machine: one intra-op thread is an order of magnitude faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def random_camera(generator: torch.Generator) -> Camera:

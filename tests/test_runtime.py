@@ -37,19 +37,12 @@ from tests.toy_scene import (
     visibility,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STEPS = 8
 DENSE = {"num_views": 6, "focal_scale": 0.75, "lr_scale": 1.0}
 SPARSE = {"num_views": 12, "focal_scale": 2.0, "lr_scale": 8.0}
 SCENES = {"dense": DENSE, "sparse": SPARSE}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors on a shared machine: one intra-op thread is an order of magnitude faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def schedule_of(scene: dict, workers: int, per_worker: int, steps: int = STEPS) -> list:

@@ -8,16 +8,9 @@ from gsplat.strategy.ops import duplicate, remove
 
 from odin_nerfstudio.selective_adam import SelectiveAdam, selective_adams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SHAPES = [(37, 3), (101,), (16, 15, 3), (5, 4)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors on a shared machine: one intra-op thread is an order of magnitude faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

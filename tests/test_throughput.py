@@ -6,13 +6,14 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from odin_nerfstudio.method_configs.odin_splat import odin_splat_optimizers
 from odin_nerfstudio.ns.splat_runtime import splat_learning_rates, train_virtual
 from odin_nerfstudio.runtime import OdinRuntimeConfig
 from odin_nerfstudio.synth import SynthConfig, make_scene
 from tests.test_equivalence import pipeline_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STEPS = 300
 WORKERS = 4
@@ -24,7 +25,6 @@ def test_throughput_first_psnr_within_one_percent_of_barrier(tmp_path: Path) -> 
     config = pipeline_config(street, WORKERS, 0.5)
     lrs = splat_learning_rates(odin_splat_optimizers())
     turns = random.Random(0).choices(range(WORKERS), k=8 * STEPS)
-    torch.set_num_threads(1)
     psnr = {}
     for mode in ("barrier", "throughput"):
         runtime_config = OdinRuntimeConfig(
