@@ -52,7 +52,7 @@ from _report import BENCHMARKS, cpu_name, write_section
 from torch import Tensor
 
 from odin_nerfstudio.candidates import BoundingSpheres, Camera, CullRegion, candidate_set
-from odin_nerfstudio.rasterize import projected_radii, rasterization
+from odin_nerfstudio.rasterize import drawn_rows, rasterization
 from odin_nerfstudio.rlg import RelativeLocalityGraph
 from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.schedule import Schedule, ScheduleConfig
@@ -372,17 +372,7 @@ def visible(task: Task, rows: dict[str, Tensor]) -> Tensor:
     What ``OdinSplatModel`` validates every task with by default: gsplat's projection (pure torch on CPU), no
     compositing.
     """
-    camera = task.camera
-    radii = projected_radii(
-        rows["means"],
-        rows["quats"],
-        torch.exp(rows["scales"]),
-        camera.viewmat[None],
-        camera.K[None],
-        camera.width,
-        camera.height,
-    )
-    return radii[0] > 0
+    return drawn_rows(task.camera, rows)
 
 
 def drawable(task: Task) -> CullRegion:

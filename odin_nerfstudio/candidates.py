@@ -375,29 +375,6 @@ class BoundingSpheres:
             self._blocks = _Blocks.build(self.centres, self.radii)
         return self._blocks
 
-    def in_region(self, camera: Camera, margin: float, near_plane: float = 0.01) -> Tensor:
-        """Whether each sphere, widened by ``margin``, meets the widened frustum of ``camera``, bool [N]."""
-        return self.meets(CullRegion.candidates(camera, margin, near_plane))
-
-
-def in_candidate_region(
-    means: Tensor,
-    scales: Tensor,
-    camera: Camera,
-    margin: float,
-    near_plane: float = 0.01,
-) -> Tensor:
-    """Whether each Gaussian's bounding sphere meets the widened frustum, bool [M].
-
-    Args:
-        means: Gaussian centres in world space, [M, 3].
-        scales: activated (world-space) scales, [M, 3].
-        camera: the task's camera.
-        margin: widening of the frustum (fraction of the image size) and of the sphere radius (fraction).
-        near_plane: the rasterizer's near plane.
-    """
-    return BoundingSpheres.of(means, scales).in_region(camera, margin, near_plane)
-
 
 def candidate_set(
     means: Tensor,
@@ -412,7 +389,8 @@ def candidate_set(
         means: Gaussian centres in world space, [N, 3].
         scales: activated (world-space) scales, [N, 3].
         camera: the task's camera.
-        margin: see :func:`in_candidate_region`.
+        margin: widening of the frustum (fraction of the image size) and of the sphere radius (fraction).
         near_plane: the rasterizer's near plane.
     """
-    return torch.nonzero(in_candidate_region(means, scales, camera, margin, near_plane)).flatten()
+    region = CullRegion.candidates(camera, margin, near_plane)
+    return torch.nonzero(BoundingSpheres.of(means, scales).meets(region)).flatten()

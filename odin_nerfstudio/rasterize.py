@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
+import torch
 from torch import Tensor
 from typing_extensions import Literal
 
 from odin_nerfstudio import cpu_rasterizer
+from odin_nerfstudio.candidates import Camera
 
 
 def rasterization(
@@ -188,3 +190,22 @@ def projected_radii(
         means, covars, viewmats, Ks, width, height, near_plane, far_plane, radius_clip, eps2d, False
     )
     return radii
+
+
+def drawn_rows(camera: Camera, rows: Dict[str, Tensor], eps2d: float = 0.3, near_plane: float = 0.01) -> Tensor:
+    """Which Gaussian rows (gsplat's layout: means [M, 3], quats [M, 4], log-scales [M, 3]) `camera` draws, bool [M].
+
+    Each row is decided on its own by `projected_radii` (no compositing), so any subset of rows may be asked.
+    """
+    radii = projected_radii(
+        rows["means"],
+        rows["quats"],
+        torch.exp(rows["scales"]),
+        camera.viewmat[None],
+        camera.K[None],
+        camera.width,
+        camera.height,
+        near_plane=near_plane,
+        eps2d=eps2d,
+    )
+    return radii[0] > 0

@@ -22,6 +22,7 @@ from odin_nerfstudio.refine import refine_due, reset_due
 from odin_nerfstudio.runtime import OdinRuntimeConfig
 from odin_nerfstudio.synth import SynthConfig, make_scene
 from tests.conftest import real_scene
+from tests.toy_scene import snapshot
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,16 +42,6 @@ def pipeline_config(scene: Path, workers: int, scale: float) -> VanillaPipelineC
             num_downscales=0, warmup_length=20, refine_every=30, reset_alpha_every=3, densify_grad_thresh=2e-4
         ),
     )
-
-
-def state_of(pipeline, runtime) -> dict[str, torch.Tensor]:
-    """Every Gaussian parameter and its Adam moments and step count."""
-    out = {}
-    for name, param in pipeline.model.gauss_params.items():
-        out[name] = param.detach().clone()
-        for key, value in runtime.optimizers[name].state[param].items():
-            out[f"{name}.{key}"] = value.clone()
-    return out
 
 
 def interleavings(workers: int) -> dict[str, list[int]]:
@@ -83,7 +74,7 @@ def test_quality_first_is_bit_identical_to_barrier(scene_name: str, workers: int
     assert any(refine_due(strategy, s) for s in range(STEPS - 1)) and any(
         reset_due(strategy, s) for s in range(1, STEPS - 1)
     )
-    expected = state_of(baseline, baseline_runtime)
+    expected = snapshot(baseline_runtime)
     initial = baseline.datamanager.train_dataparser_outputs.metadata["points3D_xyz"].shape[0]
     assert expected["means"].shape[0] != initial, "the densification must change the number of Gaussians"
 
@@ -92,7 +83,7 @@ def test_quality_first_is_bit_identical_to_barrier(scene_name: str, workers: int
         pipeline, runtime = train_virtual(
             config, OdinRuntimeConfig(mode="quality", num_workers=workers), STEPS, lrs, turns
         )
-        actual = state_of(pipeline, runtime)
+        actual = snapshot(runtime)
         assert actual.keys() == expected.keys()
         for key in expected:
             assert torch.equal(actual[key], expected[key]), f"{name}: {key} differs from the barrier baseline"
@@ -111,5 +102,5 @@ def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun() -> None:
     pipeline, runtime = train_virtual(config, OdinRuntimeConfig(mode="quality", **narrow), 20, lrs, [1] * 30)
     assert runtime.counters.validation_failures.get("escape", 0) > 0
     assert runtime.counters.reruns >= runtime.counters.validation_failures["escape"]
-    expected, actual = state_of(baseline, baseline_runtime), state_of(pipeline, runtime)
+    expected, actual = snapshot(baseline_runtime), snapshot(runtime)
     assert all(torch.equal(actual[key], expected[key]) for key in expected)

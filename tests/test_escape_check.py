@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.candidates import BoundingSpheres, Camera, CullRegion
-from odin_nerfstudio.rasterize import projected_radii
+from odin_nerfstudio.rasterize import drawn_rows
 from odin_nerfstudio.runtime import EscapeCheck, OdinRuntimeConfig
 from odin_nerfstudio.synth import intrinsics, look_at, street_world
 from odin_nerfstudio.tasks import Task
@@ -54,18 +54,7 @@ def random_gaussians(camera: Camera, count: int, generator: torch.Generator) -> 
 
 def drawn(camera: Camera, rows: dict[str, Tensor], eps2d: float = 0.3, near_plane: float = 0.01) -> Tensor:
     """Rows the rasterizer's projection gives radius > 0, sorted int64 [V]."""
-    radii = projected_radii(
-        rows["means"],
-        rows["quats"],
-        torch.exp(rows["scales"]),
-        camera.viewmat[None],
-        camera.K[None],
-        camera.width,
-        camera.height,
-        near_plane=near_plane,
-        eps2d=eps2d,
-    )
-    return torch.nonzero(radii[0] > 0).flatten()
+    return torch.nonzero(drawn_rows(camera, rows, eps2d, near_plane)).flatten()
 
 
 def assert_sound_and_exact(camera: Camera, rows: dict[str, Tensor], eps2d: float = 0.3, near: float = 0.01) -> None:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from odin_nerfstudio.candidates import Camera, CullRegion
 from odin_nerfstudio.ns.model import OdinSplatModel
-from odin_nerfstudio.rasterize import projected_radii
+from odin_nerfstudio.rasterize import drawn_rows
 from odin_nerfstudio.refine import apply_structural_change, structural_change_due
 from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.selective_adam import selective_adams
@@ -82,8 +82,7 @@ class SplatTaskRenderer:
     def __call__(self, task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict]:
         """Loss of `task` rendered from `leaves` ([M, ...] per name), and the rasterizer's meta."""
         model = self.model
-        model.step = task.step
-        camera = downscaled(task.camera, model._get_downscale_factor())
+        camera = self.render_camera(task)
         render, alpha, info = model.render_gaussians(
             leaves, camera.viewmat[None], camera.K[None], camera.width, camera.height
         )
@@ -103,7 +102,7 @@ class SplatTaskRenderer:
 
     def drawable(self, task: Task) -> CullRegion:
         """Where `visible` can find a row for `task`: the drawable region of the camera it projects with, with
-        `projected_radii`' default blur and near plane. Outside it every Gaussian has radius 0 (proof in
+        `drawn_rows`' default blur and near plane. Outside it every Gaussian has radius 0 (proof in
         `CullRegion.drawable`), so the runtime's escape check asks `visible` only about the rows inside it and
         outside C(t)."""
         return CullRegion.drawable(self.render_camera(task))
@@ -114,17 +113,7 @@ class SplatTaskRenderer:
 
         Each row is decided on its own (a projection, no compositing), so it may be asked about any subset.
         """
-        camera = self.render_camera(task)
-        radii = projected_radii(
-            rows["means"],
-            rows["quats"],
-            torch.exp(rows["scales"]),
-            camera.viewmat[None],
-            camera.K[None],
-            camera.width,
-            camera.height,
-        )
-        return radii[0] > 0
+        return drawn_rows(self.render_camera(task), rows)
 
 
 def splat_learning_rates(optimizers: dict[str, Any]) -> dict[str, float]:
