@@ -54,6 +54,7 @@ from torch import Tensor
 from odin_nerfstudio.candidates import BoundingSpheres, Camera, CullRegion, candidate_set
 from odin_nerfstudio.rasterize import drawn_rows, rasterization
 from odin_nerfstudio.rlg import RelativeLocalityGraph
+from odin_nerfstudio.row_order import spatial_order
 from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.selective_adam import selective_adams
@@ -84,17 +85,21 @@ LRS = {
 
 @dataclass(frozen=True)
 class Variant:
-    """What changes between the headline run and the sweep: street length (m), image size (px) and steps."""
+    """What changes between the headline run and the sweep: street length (m), image size (px), steps, and whether
+    the runtime keeps the rows in Z-order (``OdinRuntimeConfig.spatial_order``, its default)."""
 
     length: float
     width: int
     height: int
     steps: int
+    spatial_order: bool = True
 
     @property
     def label(self) -> str:
-        """``300 m, 128x96``."""
-        return f"{self.length:.0f} m, {self.width}x{self.height}"
+        """``300 m, 128x96`` (``, rows as generated`` without the spatial order)."""
+        return f"{self.length:.0f} m, {self.width}x{self.height}" + (
+            "" if self.spatial_order else ", rows as generated"
+        )
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="schedule steps per mode, headline run")
     parser.add_argument("--sweep-lengths", type=float, nargs="*", default=[100.0], help="other street lengths (m)")
     parser.add_argument("--sweep-sizes", nargs="*", default=["256x192"], help="other image sizes WxH (px)")
+    parser.add_argument(
+        "--sweep-unordered",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the headline street with the rows left in generation order (no spatial order)",
+    )
     parser.add_argument("--sweep-steps", type=int, default=12, help="schedule steps per mode, sweep runs")
     parser.add_argument("--spacing", type=float, default=2.5, help="metres between rig positions")
     parser.add_argument("--workers", type=int, default=4, help="W, virtual workers")
@@ -211,7 +222,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.gaussians, args.length, args.steps, args.no_write = 20_000, 60.0, 3, True
-        args.sweep_lengths, args.sweep_sizes = [], []
+        args.sweep_lengths, args.sweep_sizes, args.sweep_unordered = [], [], False
     return args
 
 
@@ -227,7 +238,8 @@ def variants(args: argparse.Namespace) -> list[Variant]:
     headline = Variant(args.length, width, height, args.steps)
     lengths = [Variant(length, width, height, args.sweep_steps) for length in args.sweep_lengths]
     sizes = [Variant(args.length, *image_size(size), args.sweep_steps) for size in args.sweep_sizes]
-    return [headline, *lengths, *sizes]
+    unordered = [Variant(args.length, width, height, args.sweep_steps, spatial_order=False)] * args.sweep_unordered
+    return [headline, *lengths, *sizes, *unordered]
 
 
 def rig_cameras(variant: Variant, spacing: float, device: torch.device) -> list[Camera]:
@@ -387,7 +399,12 @@ def run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = 
     that no active row escaped C(t), as ``OdinSplatModel`` does by default.
     """
     params = {name: torch.nn.Parameter(value.clone()) for name, value in scene.start.items()}
-    config = OdinRuntimeConfig(mode=mode, num_workers=args.workers, tasks_per_worker=args.views_per_worker)
+    config = OdinRuntimeConfig(
+        mode=mode,
+        num_workers=args.workers,
+        tasks_per_worker=args.views_per_worker,
+        spatial_order=scene.variant.spatial_order,
+    )
     transport = VirtualTransport(args.workers, params)
     sizes = TaskSizes()
     runtime = OdinRuntime(
@@ -407,9 +424,12 @@ def run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = 
 
 
 def culling_ms(scene: Scene, repeats: int = 8) -> float:
-    """Mean milliseconds of one candidate-set culling as the runtime does it (block index, built beforehand),
-    timed apart."""
+    """Mean milliseconds of one candidate-set culling as the runtime does it (block index, built beforehand, rows
+    in the runtime's order), timed apart."""
     means, log_scales = scene.start["means"], scene.start["scales"]
+    if scene.variant.spatial_order:
+        order = spatial_order(means)
+        means, log_scales = means[order], log_scales[order]
     bounds = BoundingSpheres.of(means, torch.exp(log_scales))
     bounds.index()
     cameras = scene.cameras[:: max(1, len(scene.cameras) // repeats)][:repeats]
@@ -574,7 +594,9 @@ def findings(run: StreetRun) -> list[str]:
             f"union, tables) {publish_ms:.1f} ms, the rest gathers, stages, validates and starts the exchange. Every "
             "part is O(|C(t)|) per task or O(|A|) per step (culling tests N / 64 block bounds, then the rows of the "
             "blocks that may meet the frustum), the render O(|C(t)| + pixels): the share falls as the render grows "
-            "(larger images)."
+            "(larger images). The runtime keeps the rows in Z-order of their centres (`row_order.py`), so a view's "
+            "rows are runs of consecutive rows; the sweep's row with the rows as generated (random along the "
+            "street) shows what that saves."
         ),
         (
             f"- Peak shadow memory (quality) is {quality.share('memory') / per_view:.1f} x the mean |C(t)| / N of the "

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.row_order import morton_codes
+
 BLUR_SLACK_PX = 2.0
 BLOCK_ROWS = 64
 """Rows per block of :class:`BoundingSpheres`' spatial index (N / 64 boxes are tested per task)."""
 REBUILD_GROWTH = 1.25
 """The index is rebuilt once its blocks' summed extent (box edges plus radius) has grown by this factor."""
-_MORTON_BITS = 21
 _BLOCK_SLACK = 1e-5
 """Relative slack of the block test: far above float32 rounding of the per-row test, so no block is wrongly skipped."""
 _POSITION_SLACK = 1.0
@@ -182,29 +183,6 @@ def _meets(centres: Tensor, radii: Tensor, region: CullRegion) -> Tensor:
     return inside
 
 
-def _spread_bits(values: Tensor) -> Tensor:
-    """Spread the low 21 bits of int64 ``values`` three apart (bit i moves to bit 3 i), for Morton codes."""
-    values = values & 0x1FFFFF
-    values = (values | (values << 32)) & 0x1F00000000FFFF
-    values = (values | (values << 16)) & 0x1F0000FF0000FF
-    values = (values | (values << 8)) & 0x100F00F00F00F00F
-    values = (values | (values << 4)) & 0x10C30C30C30C30C3
-    return (values | (values << 2)) & 0x1249249249249249
-
-
-def _morton_codes(centres: Tensor) -> Tensor:
-    """Z-order codes of centres [3, N], int64 [N]: cubic cells (the same size on every axis, so that a run of
-    codes is a compact piece of space), ``_MORTON_BITS`` per axis over the widest 0.1% to 99.9% quantile range;
-    outliers clamp to the edge, NaN centres get cell 0."""
-    sample = centres[:, :: max(1, centres.shape[1] // 65536)].double()
-    lo = torch.nanquantile(sample, 0.001, dim=1, keepdim=True)
-    hi = torch.nanquantile(sample, 0.999, dim=1, keepdim=True)
-    top = (1 << _MORTON_BITS) - 1
-    size = float((hi - lo).max().nan_to_num(0.0).clamp(min=1e-12)) / top
-    cells = ((centres.double() - lo) / size).nan_to_num(0.0).clamp(0, top).long()
-    return _spread_bits(cells[0]) | (_spread_bits(cells[1]) << 1) | (_spread_bits(cells[2]) << 2)
-
-
 _LO, _HI, _RADIUS, _ONE = slice(0, 3), slice(3, 6), 6, 7
 _LARGEST = slice(3, 7)
 """The rows of a block's bounds that grow by ``amax``: largest centre and largest radius."""
@@ -237,7 +215,7 @@ class _Blocks:
         """The index of spheres with centres [3, N] and radii [N]: O(N log N), once per rebuild."""
         n, device = radii.numel(), radii.device
         count = -(-n // BLOCK_ROWS)
-        order = torch.argsort(_morton_codes(centres), stable=True)
+        order = torch.argsort(morton_codes(centres), stable=True)
         rows = torch.full((count * BLOCK_ROWS,), -1, dtype=torch.int64, device=device)
         rows[:n] = order
         slot_of = torch.empty_like(order)

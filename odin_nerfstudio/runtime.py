@@ -44,7 +44,8 @@ Cost: the hooks are O(|C(t)|) per task and O(|union of A(t)|) per publication, n
 block index of :class:`~odin_nerfstudio.candidates.BoundingSpheres` (built with the runtime and after each
 structural change, rebuilt in O(N log N) only once its blocks have grown by a quarter), gathers and scatters touch
 the rows they name, and the write sets of open steps are merged once per change, not per reader. Only a plain
-VisibilityFn (every row projected) and structural changes are O(N).
+VisibilityFn (every row projected) and structural changes are O(N). With ``spatial_order`` the rows follow the
+Z-order of their centres (``row_order.py``), so the rows a task names are a few runs of consecutive rows.
 
 Dynamic ordering: :meth:`OdinRuntime.run_next` runs, among a worker's remaining tasks of a step, the first whose
 candidate set has no pending conflict; the gradient sum keeps task order, so quality stays exact.
@@ -75,6 +76,7 @@ from torch import Tensor
 
 from odin_nerfstudio.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted, war, waw
+from odin_nerfstudio.row_order import permute_rows, spatial_order
 from odin_nerfstudio.selective_adam import SelectiveAdam
 from odin_nerfstudio.shadow import MEMORY_KINDS, ShadowGraph, model_bytes
 from odin_nerfstudio.sparse import SparseUpdate
@@ -138,6 +140,9 @@ class OdinRuntimeConfig:
         absgrad: whether the statistics use ``means2d.absgrad``.
         wait_timeout_s: timeout of every blocking wait on the transport.
         record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).
+        spatial_order: keep the model's rows in the Z-order of their centres (``row_order.py``): permuted when the
+            runtime is built and after every structural change, so that a view's rows are a few runs of
+            consecutive rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
     """
 
     mode: Mode = "quality"
@@ -155,6 +160,7 @@ class OdinRuntimeConfig:
     absgrad: bool = False
     wait_timeout_s: float = 60.0
     record_reads: bool = False
+    spatial_order: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("quality", "throughput", "barrier"):
@@ -352,6 +358,8 @@ class OdinRuntime:
         self.render_fn = render_fn
         self.visibility_fn = visibility_fn
         self.strategy_state = strategy_state
+        if config.spatial_order:
+            self._restore_spatial_order()
         self.tables = PrimitiveTables.create(self.num_primitives, device=self.device)
         self.shadow = ShadowGraph(config.ring_slots, device=self.device)
         self.timeline = Timeline()
@@ -805,8 +813,9 @@ class OdinRuntime:
     def remap(self, index_map: Tensor) -> None:
         """Carry the per-primitive tables through a structural change, after :meth:`drain`.
 
-        gsplat's ops have already edited the parameters, the optimizers' state and the strategy state. The
-        history of recent publications (old row ids) is dropped: after the drain no read depends on it.
+        gsplat's ops have already edited the parameters, the optimizers' state and the strategy state; with
+        ``spatial_order`` the rows are then put back in Z-order (gsplat appends new rows at the end). The history
+        of recent publications (old row ids) is dropped: after the drain no read depends on it.
 
         Args:
             index_map: int64 [N_new], new row -> old row, -1 for a fresh row.
@@ -814,11 +823,20 @@ class OdinRuntime:
         self.drain()
         if index_map.numel() != self.num_primitives:
             raise ValueError(f"index map has {index_map.numel()} rows, the model {self.num_primitives}")
+        if self.config.spatial_order:
+            index_map = index_map.index_select(0, self._restore_spatial_order())
         self.tables = self.tables.remap(index_map)
         self._bounds = None
         self._bounding_spheres()
         self._recent_publications.clear()
         self.published_rows.clear()
+
+    def _restore_spatial_order(self) -> Tensor:
+        """Permute the model's rows (parameters, optimizer and strategy state) into the Z-order of their centres;
+        returns the order applied, int64 [N] (new row -> old row)."""
+        order = spatial_order(self.params["means"])
+        permute_rows(self.params, self.optimizers, self.strategy_state, order)
+        return order
 
     def memory_report(self) -> dict[str, int]:
         """Peak and current bytes of gathered plus staged tensors, the peak's make-up, and the model's bytes.

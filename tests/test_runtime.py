@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from odin_nerfstudio.candidates import candidate_set
 from odin_nerfstudio.rasterize import rasterization
+from odin_nerfstudio.row_order import permute_rows, spatial_order
 from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig, Read, Wait
 from odin_nerfstudio.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.shadow import MEMORY_KINDS, ShadowGraph
@@ -81,8 +82,9 @@ def adversarial(workers: int) -> dict[str, list[int]]:
 def reference_run(scene: dict, workers: int, per_worker: int, steps: int = STEPS) -> dict[str, torch.Tensor]:
     """The reference semantics written out: per step, each task renders its candidate rows of theta_s, each
     worker sums its tasks' gradients in task order, the workers' sums are added in worker order, and selective
-    Adam updates the union of the active sets."""
+    Adam updates the union of the active sets. Rows in the Z-order the runtime puts them in."""
     params = make_params()
+    permute_rows(params, {}, None, spatial_order(params["means"]))
     optimizers = selective_adams(params, {name: lr * scene["lr_scale"] for name, lr in LRS.items()})
     for step_tasks in schedule_of(scene, workers, per_worker, steps):
         worker_sums = []
@@ -285,8 +287,11 @@ def test_remap_carries_tables_through_gsplat_ops() -> None:
     runtime = run("quality", SPARSE, 2, 1, steps=3)
     versions = runtime.tables.versions.clone()
     index_map = structural_change(runtime)
+    order = spatial_order(runtime.params["means"])
+    assert not torch.equal(order, torch.arange(order.numel())), "gsplat's appended rows should break the Z-order"
     runtime.remap(index_map)
-    assert torch.equal(runtime.tables.versions, versions[index_map])
+    assert torch.equal(runtime.tables.versions, versions[index_map][order])
+    assert torch.equal(spatial_order(runtime.params["means"]), torch.arange(order.numel()))
     assert (runtime.tables.pending_step == -1).all()
 
 
@@ -464,6 +469,7 @@ def test_rasterizer_tasks_quality_equals_barrier_and_stats_match_full_renders() 
         assert torch.equal(results["quality"][1][key], results["barrier"][1][key])
 
     params = make_params(60)
+    permute_rows(params, {}, None, spatial_order(params["means"]))
     optimizers = selective_adams(params, LRS)
     strategy = DefaultStrategy(refine_scale2d_stop_iter=1)
     state = strategy.initialize_state()
