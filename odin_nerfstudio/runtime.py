@@ -54,14 +54,21 @@ Structural changes (densify, prune, opacity reset) run behind :meth:`OdinRuntime
 parameters, optimizers and strategy state, and :meth:`OdinRuntime.remap` carries the per-primitive tables.
 
 Deterministic: every random draw of a task comes from ``task_generator(seed, step, view)``; densification
-statistics are staged per task and accumulated at publication in task order.
+statistics are staged per task with its gradients, travel with the step's exchange (``SparseUpdate.stats``) and
+are accumulated at publication task by task, in worker order then task order, so every replica's strategy state
+holds every worker's tasks and is the same bit for bit.
+
+Empty steps: a schedule's short last step may leave a worker, or a whole rank, without a task. :meth:`plan_step`
+declares it; a worker with no task sends an empty update once its step can commit, and a runtime none of whose
+workers has a task opens the step's slot itself when the previous step is published, so it still takes part in
+the step's exchange, in step order, and publishes it like any other.
 
 Scope: one runtime holds the tables of the workers that share its process and its replica. Virtual workers: W
 workers, one runtime, an in-process transport. Distributed: one runtime per rank with ``num_workers=1`` (tasks
 carry ``worker=0``) and a :class:`~odin_nerfstudio.transport.DistributedTransport`, which merges the ranks'
-updates in rank order; the RAW check then sees only the rank's own pending writes, and the other ranks' writes
-are caught by the validation against the merged publications (re-run in quality-first), so the result is still
-the barrier's. Candidate sets are not exchanged between ranks.
+updates (and their tasks' statistics) in rank order; the RAW check then sees only the rank's own pending writes,
+and the other ranks' writes are caught by the validation against the merged publications (re-run in
+quality-first), so the result is still the barrier's. Candidate sets are not exchanged between ranks.
 """
 
 from __future__ import annotations
@@ -336,7 +343,11 @@ class OdinRuntime:
         visibility_fn: optional; which parameter rows the rasterizer would see for a task (escape check), alone
             (every row is projected) or as an :class:`EscapeCheck` (only rows that could escape are).
         strategy_state: optional gsplat strategy state; the statistics of every task whose info holds
-            ``means2d`` are accumulated into it at publication.
+            ``means2d`` are accumulated into it at publication, those of every worker's tasks (the exchange
+            carries them), in worker order then task order.
+        start_step: the first step to run; a resumed run starts after its checkpoint's step (the state is then
+            that step's synchronous state, so earlier steps count as published), and its rows keep the order
+            they were saved in until the next structural change, so that it continues bit for bit.
     """
 
     def __init__(
@@ -348,6 +359,7 @@ class OdinRuntime:
         render_fn: RenderFn,
         visibility_fn: VisibilityFn | EscapeCheck | None = None,
         strategy_state: dict[str, Any] | None = None,
+        start_step: int = 0,
     ) -> None:
         if len(transports) != config.num_workers:
             raise ValueError(f"{len(transports)} transports for {config.num_workers} workers")
@@ -358,13 +370,13 @@ class OdinRuntime:
         self.render_fn = render_fn
         self.visibility_fn = visibility_fn
         self.strategy_state = strategy_state
-        if config.spatial_order:
+        if config.spatial_order and start_step == 0:
             self._restore_spatial_order()
         self.tables = PrimitiveTables.create(self.num_primitives, device=self.device)
         self.shadow = ShadowGraph(config.ring_slots, device=self.device)
         self.timeline = Timeline()
         self.counters = RuntimeCounters()
-        self.published_through = -1
+        self.published_through = start_step - 1
         self.tasks: dict[tuple[int, int, int], Task] = {}
         self.reads: dict[tuple[int, int, int], ReadRecord] = {}
         self.final_reads: dict[tuple[int, int, int], ReadRecord] = {}
@@ -512,10 +524,10 @@ class OdinRuntime:
             name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
             for name, leaf in read.leaves.items()
         }
-        stats = None
+        stats: tuple[TaskStats, ...] = ()
         if self.strategy_state is not None and info is not None and "means2d" in info:
-            stats = task_stats(info, read.candidate, self.config.packed, self.config.absgrad)
-        self.shadow.stage(read.task.key, SparseUpdate(read.candidate.index_select(0, active), grads), stats)
+            stats = (task_stats(info, read.candidate, self.config.packed, self.config.absgrad),)
+        self.shadow.stage(read.task.key, SparseUpdate(read.candidate.index_select(0, active), grads, stats))
         self.shadow.release(read.leaves)
 
     def _active_rows(self, read: Read, info: dict[str, Any] | None) -> Tensor:
@@ -537,10 +549,12 @@ class OdinRuntime:
 
     @_bookkeeping
     def progress(self) -> None:
-        """Commit every worker step that can be validated and publish every step whose exchange is complete."""
+        """Commit every worker step that can be validated (an empty part of the next step included) and publish
+        every step whose exchange is complete."""
         changed = True
         while changed:
             changed = False
+            self._open_empty_step()
             for slot in self.shadow.open_slots():
                 if slot.step > self.published_through + 1:
                     break
@@ -575,12 +589,21 @@ class OdinRuntime:
     def plan_step(self, step: int, tasks_per_worker: Sequence[int]) -> None:
         """Declare how many tasks each worker runs in ``step`` when it is not B (a schedule's short last step).
 
-        A worker with no task in the step sends an empty update once another worker has staged the step, so
-        every exchange still has W parts.
+        A worker with no task in the step sends an empty update once its step can commit (all earlier steps
+        published), so every exchange still has W parts; when no local worker has a task (a rank left out of a
+        short step), the runtime opens the step's slot itself and sends its empty part (see :meth:`progress`).
         """
-        if len(tasks_per_worker) != self.config.num_workers or sum(tasks_per_worker) == 0:
-            raise ValueError(f"step {step}: a plan needs one task count per worker and at least one task")
+        if len(tasks_per_worker) != self.config.num_workers or min(tasks_per_worker) < 0:
+            raise ValueError(f"step {step}: a plan needs one task count (>= 0) per worker")
         self._step_plans[step] = tuple(int(n) for n in tasks_per_worker)
+
+    def _open_empty_step(self) -> None:
+        """Open the slot of the next step to publish if no local worker has a task in it: no read opens it, yet
+        this runtime must still send its (empty) part of the step's exchange, after the previous step's."""
+        step = self.published_through + 1
+        plan = self._step_plans.get(step)
+        if plan is not None and not any(plan) and self.shadow.slot(step) is None:
+            self.shadow.open(step)
 
     def _tasks_of(self, step: int, worker: int) -> int:
         """How many tasks ``worker`` runs in ``step``."""
@@ -683,7 +706,8 @@ class OdinRuntime:
 
     @_bookkeeping
     def publish(self, step: int) -> None:
-        """Hook 3: apply selective Adam to the union of step ``step``'s active rows and free its slot.
+        """Hook 3: apply selective Adam to the union of step ``step``'s active rows, accumulate every worker's
+        task statistics (worker order, then task order) into the strategy state, and free its slot.
 
         Publications run in step order (which is what WAW requires); WAW and WAR are checked and raise if
         violated. Bias correction counts global steps: an empty union still advances the step count.
@@ -716,10 +740,8 @@ class OdinRuntime:
         slot = self.shadow.free(step)
         self.tables.publish(merged.rows, slot.declared_sets(), step)
         if self.strategy_state is not None:
-            for key in sorted(slot.extras):
-                stats = slot.extras[key]
-                if isinstance(stats, TaskStats):
-                    accumulate(self.strategy_state, stats, self.num_primitives)
+            for stats in merged.stats:
+                accumulate(self.strategy_state, stats, self.num_primitives)
         for key in list(slot.candidates):
             self.reads.pop(key, None)
             self.tasks.pop(key, None)

@@ -75,6 +75,10 @@ class SelectiveAdam(torch.optim.Optimizer):
         Returns:
             Per parameter, its new values on ``rows`` [M, ...] (what was just written; a caller that keeps
             something derived from them, as the runtime's culling bounds, need not gather them again).
+
+        This is the optimizer's step: it runs the hooks registered with torch's ``register_step_post_hook`` (a
+        trainer steps its learning-rate schedulers there, once per publication) and tells torch's LR schedulers
+        that a step ran.
         """
         params = [p for group in self.param_groups for p in group["params"]]
         if len(grads) != len(params):
@@ -104,6 +108,9 @@ class SelectiveAdam(torch.optim.Optimizer):
                 state["exp_avg_sq"].index_copy_(0, rows, exp_avg_sq)
                 param.data.index_copy_(0, rows, value)
                 updated.append(value)
+        self._opt_called = True
+        for hook in list(self._optimizer_step_post_hooks.values()):
+            hook(self, (), {})
         return updated
 
     def step(self, closure: None = None) -> None:  # type: ignore[override]

@@ -58,8 +58,8 @@ class RingSlot:
         step: the step the slot holds.
         device: where its row tensors live.
         candidates: per task that has read, its candidate set C(t), sorted int64 [M].
-        staged: per task that has finished backward, its active rows A(t) and their gradients.
-        extras: per staged task, what the runtime stages beside the gradients (densification statistics).
+        staged: per task that has finished backward, its active rows A(t), their gradients and its densification
+            statistics.
         superseded: candidate sets replaced by a re-run of their task (still declared until publication).
 
     Change ``candidates`` and ``staged`` only through :class:`ShadowGraph` (``declare``, ``stage``), which drops
@@ -70,7 +70,6 @@ class RingSlot:
     device: torch.device
     candidates: dict[TaskKey, Tensor] = field(default_factory=dict)
     staged: dict[TaskKey, SparseUpdate] = field(default_factory=dict)
-    extras: dict[TaskKey, object] = field(default_factory=dict)
     superseded: list[Tensor] = field(default_factory=list)
     _writes: StepRows | None = field(default=None, repr=False)
 
@@ -173,18 +172,18 @@ class ShadowGraph:
         slot.changed()
         self.memory.add(tensor_bytes(candidate), "candidates")
 
-    def stage(self, key: TaskKey, update: SparseUpdate, extra: object = None) -> None:
-        """Stage task ``key``'s active rows and gradients (replacing an earlier attempt of the same task)."""
+    def stage(self, key: TaskKey, update: SparseUpdate) -> None:
+        """Stage task ``key``'s active rows, gradients and statistics (replacing an earlier attempt of the task)."""
         slot = self.open(key[0])
         if key in slot.staged:
             self.memory.add(-slot.staged[key].nbytes, "staged")
         slot.staged[key] = update
-        slot.extras[key] = extra
         slot.changed()
         self.memory.add(update.nbytes, "staged")
 
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
-        """A worker's contribution to ``step``: its staged updates summed in task order."""
+        """A worker's contribution to ``step``: its staged updates summed (statistics listed) in task order; empty
+        for a worker with no task in the step."""
         slot = self.slot(step)
         keys = sorted(k for k in slot.staged if k[1] == worker)
         return sum_in_order([slot.staged[k] for k in keys], template)

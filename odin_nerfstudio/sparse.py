@@ -1,8 +1,10 @@
-"""A step's sparse update (rows and their summed gradients), and its sum in a fixed order.
+"""A step's sparse update (rows, their summed gradients, the tasks' statistics), and its sum in a fixed order.
 
 Everything Odin stages, exchanges and publishes is a :class:`SparseUpdate`: the sorted rows of the primitives
-a piece of work touched and, per parameter name, their gradient rows. Sums always run in the order the caller
-gives (task order within a worker, then worker order), so two runs with the same schedule produce the same bits.
+a piece of work touched, per parameter name their gradient rows, and the densification statistics of the tasks
+it holds. Sums always run in the order the caller gives (task order within a worker, then worker order), so two
+runs with the same schedule produce the same bits; statistics are kept per task in that order, not summed, so
+that every replica accumulates them with the same per-task operations as the runtime that made them.
 """
 
 from __future__ import annotations
@@ -14,24 +16,28 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.conflicts import union_sorted
+from odin_nerfstudio.strategy_stats import TaskStats
 
 
 @dataclass(frozen=True)
 class SparseUpdate:
-    """Gradient rows for a sorted set of primitives.
+    """Gradient rows for a sorted set of primitives, and the densification statistics of the tasks they sum.
 
     Attributes:
         rows: sorted, unique primitive rows, int64 [M].
         grads: per parameter name, gradient rows aligned with ``rows``, [M, ...].
+        stats: per task, in the order of the sum, its densification statistics (tasks without any are absent).
     """
 
     rows: Tensor
     grads: dict[str, Tensor]
+    stats: tuple[TaskStats, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the rows and gradient tensors."""
-        return tensor_bytes(self.rows) + sum(tensor_bytes(g) for g in self.grads.values())
+        """Bytes held by the rows, gradient and statistics tensors."""
+        stats = sum(tensor_bytes(t) for s in self.stats for t in (s.rows, s.grad2d, s.radii))
+        return tensor_bytes(self.rows) + sum(tensor_bytes(g) for g in self.grads.values()) + stats
 
     def row_magnitude(self) -> Tensor:
         """L2 norm of each row's gradient over all parameters, [M] float32 (the producer's gradient size)."""
@@ -47,7 +53,7 @@ def tensor_bytes(tensor: Tensor) -> int:
 
 
 def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -> SparseUpdate:
-    """Sum sparse updates in the given order on the union of their rows.
+    """Sum sparse updates in the given order on the union of their rows; their statistics follow in that order.
 
     Every row starts from zero and receives each update's contribution in sequence (``index_add_`` adds each
     index once per call, so the per-row order is exactly the order of ``updates``). An update whose rows are the
@@ -65,7 +71,7 @@ def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -
             gradient rows (the model's parameters).
 
     Returns:
-        The summed update over the sorted union of rows.
+        The summed update over the sorted union of rows, with every update's statistics, update by update.
     """
     if len(updates) == 1:
         return updates[0]
@@ -81,7 +87,7 @@ def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -
             else:
                 total.index_add_(0, position, update.grads[name])
         grads[name] = total
-    return SparseUpdate(rows=rows, grads=grads)
+    return SparseUpdate(rows=rows, grads=grads, stats=tuple(s for update in updates for s in update.stats))
 
 
 def _same_rows(rows: Tensor, union: Tensor) -> bool:

@@ -4,8 +4,10 @@ gsplat's DefaultStrategy accumulates, per Gaussian, the norm of its screen-space
 often it was visible (``count``) and optionally its largest normalized radius (``radii``). Under the Shadow
 Graph a task renders only its candidate rows, so the rasterizer's ids are local; :func:`task_stats` maps them
 to global rows with the same arithmetic as ``DefaultStrategy._update_state`` and :func:`accumulate` adds them to
-the state. The runtime stages each task's statistics beside its gradients and accumulates them at publication
-in task order, so the totals do not depend on the order tasks ran in.
+the state. The runtime stages each task's statistics beside its gradients (``SparseUpdate.stats``), they travel
+with the step's exchange, and every replica accumulates every worker's tasks at publication, task by task in
+worker order then task order: the totals do not depend on the order tasks ran in nor on the rank, so the
+statistics are already reduced when a structural change drains the runtime.
 """
 
 from __future__ import annotations

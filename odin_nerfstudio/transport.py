@@ -2,21 +2,26 @@
 
 A worker hands its local update of step s to ``start_exchange(step, local_update)`` and gets a handle;
 ``handle.wait(timeout)`` returns the merged update: every worker's contribution summed in worker order (worker 0
-first) on the union of their rows, identical on every worker. The runtime never names a backend: the in-process
-:class:`VirtualTransport` serves virtual workers, and a torch.distributed backend (all_gather of variable-sized
-sparse rows over gloo or NCCL) plugs in behind the same :class:`Transport` protocol. Every wait has a timeout and
-its error names what it waited for.
+first) on the union of their rows, with every worker's task statistics listed in worker order (then task order),
+identical on every worker, so every replica's densification statistics hold every task. The runtime never names
+a backend: the in-process :class:`VirtualTransport` serves virtual workers, and a torch.distributed backend
+(all_gather of variable-sized sparse rows over gloo or NCCL) plugs in behind the same :class:`Transport` protocol.
+Every wait has a timeout and its error names what it waited for.
 
 :class:`DistributedTransport` is the torch.distributed backend: all ranks issue the same collectives in the same
-order (exchanges start in step order), first an all_gather of the row counts, then async all_gathers of the rows
-and the packed gradient rows padded to the largest count, merged in rank order on every rank.
+order (exchanges start in step order), first an all_gather of a header (row count, statistics entries, tasks
+with statistics), then async all_gathers of the indices (rows, statistics' rows, each task's entry count), the
+packed gradient rows and, when any rank has statistics, their values (grad2d, radii), each padded to the longest
+of any rank, merged in rank order on every rank. A rank with no task in a step still sends its empty update.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_nerfstudio.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.strategy_stats import TaskStats
 
 
 class ExchangeHandle(Protocol):
@@ -124,6 +130,31 @@ class VirtualTransport:
             return VirtualHandle(exchange, self._condition)
 
 
+_STATS_DTYPE = torch.float32
+"""dtype of the statistics' values on the wire (gsplat's strategy state is float32)."""
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """What one rank sends in a step: sparse rows, statistics entries (all its tasks) and tasks with statistics."""
+
+    rows: int
+    entries: int
+    tasks: int
+
+
+def _sizes_of(update: SparseUpdate) -> list[int]:
+    """[rows, statistics entries, tasks with statistics] of a local update (the header every rank gathers)."""
+    return [update.rows.numel(), sum(s.rows.numel() for s in update.stats), len(update.stats)]
+
+
+def _padded(tensor: Tensor, length: int) -> Tensor:
+    """``tensor`` [M, ...] zero-padded to [length, ...] (collectives need one shape on every rank)."""
+    out = tensor.new_zeros((length, *tensor.shape[1:]))
+    out[: tensor.shape[0]] = tensor
+    return out
+
+
 def _pack(update: SparseUpdate, template: dict[str, Tensor]) -> Tensor:
     """Gradient rows of every parameter side by side, [M, D_total] (one row per primitive)."""
     count = update.rows.numel()
@@ -141,23 +172,58 @@ def _unpack(rows: Tensor, packed: Tensor, template: dict[str, Tensor]) -> Sparse
     return SparseUpdate(rows=rows, grads=grads)
 
 
+def _pack_indices(update: SparseUpdate, longest: _Sizes, device: torch.device) -> Tensor:
+    """The int64 part of a rank's message, [longest rows + entries + tasks]: its rows, its statistics' rows (task
+    after task) and each task's entry count, each padded to the longest of any rank."""
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    stat_rows = torch.cat([empty, *(s.rows for s in update.stats)])
+    lengths = torch.tensor([s.rows.numel() for s in update.stats], dtype=torch.int64, device=device)
+    return torch.cat(
+        [
+            _padded(update.rows, longest.rows),
+            _padded(stat_rows, longest.entries),
+            _padded(lengths, longest.tasks),
+        ]
+    )
+
+
+def _pack_stat_values(update: SparseUpdate, longest: _Sizes, device: torch.device) -> Tensor:
+    """The statistics' values of a rank's tasks, task after task, as [longest entries, 2] (grad2d, radii)."""
+    empty = torch.empty(0, dtype=_STATS_DTYPE, device=device)
+    grad2d = torch.cat([empty, *(s.grad2d.to(_STATS_DTYPE) for s in update.stats)])
+    radii = torch.cat([empty, *(s.radii.to(_STATS_DTYPE) for s in update.stats)])
+    return _padded(torch.stack([grad2d, radii], dim=1), longest.entries)
+
+
+def _unpack_stats(indices: Tensor, values: Tensor, sizes: _Sizes, longest: _Sizes) -> tuple[TaskStats, ...]:
+    """One rank's task statistics from its gathered int64 message and values (inverse of the two packs)."""
+    offset = longest.rows + longest.entries
+    lengths = indices[offset : offset + sizes.tasks].tolist()
+    rows = indices[longest.rows : longest.rows + sizes.entries].split(lengths)
+    entries = values[: sizes.entries].split(lengths)
+    return tuple(TaskStats(rows=r, grad2d=v[:, 0], radii=v[:, 1]) for r, v in zip(rows, entries, strict=True))
+
+
 class DistributedHandle:
     """Handle of a torch.distributed exchange: the payload all_gathers in flight."""
 
     def __init__(
         self,
         step: int,
-        counts: list[int],
+        sizes: list[_Sizes],
         works: list[Any],
-        rows: list[Tensor],
+        indices: list[Tensor],
         packed: list[Tensor],
+        stat_values: list[Tensor] | None,
         template: dict[str, Tensor],
     ) -> None:
         self.step = step
-        self._counts = counts
+        self._sizes = sizes
+        self._longest = _longest(sizes)
         self._works = works
-        self._rows = rows
+        self._indices = indices
         self._packed = packed
+        self._stat_values = stat_values
         self._template = template
         self._merged: SparseUpdate | None = None
 
@@ -166,15 +232,25 @@ class DistributedHandle:
 
     def wait(self, timeout: float) -> SparseUpdate:
         if self._merged is None:
-            what = f"exchange of step {self.step}: the sparse rows of ranks 0..{len(self._counts) - 1}"
+            what = f"exchange of step {self.step}: the sparse rows of ranks 0..{len(self._sizes) - 1}"
             for work in self._works:
                 _wait(work, timeout, what)
-            updates = [
-                _unpack(rows[:count], packed[:count], self._template)
-                for rows, packed, count in zip(self._rows, self._packed, self._counts, strict=True)
-            ]
-            self._merged = sum_in_order(updates, self._template)
+            self._merged = sum_in_order([self._rank_update(rank) for rank in range(len(self._sizes))], self._template)
         return self._merged
+
+    def _rank_update(self, rank: int) -> SparseUpdate:
+        """Rank ``rank``'s update as it sent it: rows, gradients and its tasks' statistics."""
+        sizes, indices = self._sizes[rank], self._indices[rank]
+        update = _unpack(indices[: sizes.rows], self._packed[rank][: sizes.rows], self._template)
+        if sizes.tasks == 0:
+            return update
+        values = indices.new_empty((0, 2), dtype=_STATS_DTYPE) if self._stat_values is None else self._stat_values[rank]
+        return dataclasses.replace(update, stats=_unpack_stats(indices, values, sizes, self._longest))
+
+
+def _longest(sizes: list[_Sizes]) -> _Sizes:
+    """The largest rows, entries and tasks of any rank (the padded lengths of the messages)."""
+    return _Sizes(*(max(getattr(s, f) for s in sizes) for f in ("rows", "entries", "tasks")))
 
 
 def _wait(work: Any, timeout: float, what: str) -> None:
@@ -207,23 +283,25 @@ class DistributedTransport:
         self.world_size = dist.get_world_size(group)
 
     def start_exchange(self, step: int, local_update: SparseUpdate) -> DistributedHandle:
-        """All-gather the row counts (bounded by ``timeout``), then start the payload all_gathers."""
+        """All-gather the row counts (bounded by ``timeout``), then start the payload all_gathers: indices (rows,
+        statistics' rows, tasks' entry counts), gradient rows, and the statistics' values when any rank has some."""
         device = next(iter(self.template.values())).device
-        count = torch.tensor([local_update.rows.numel()], dtype=torch.int64, device=device)
-        counts = [torch.zeros_like(count) for _ in range(self.world_size)]
-        work = dist.all_gather(counts, count, group=self.group, async_op=True)
+        header = torch.tensor(_sizes_of(local_update), dtype=torch.int64, device=device)
+        headers = [torch.zeros_like(header) for _ in range(self.world_size)]
+        work = dist.all_gather(headers, header, group=self.group, async_op=True)
         _wait(work, self.timeout, f"exchange of step {step}: the row counts of ranks 0..{self.world_size - 1}")
-        sizes = [int(c) for c in counts]
-        longest = max(sizes)
-        packed = _pack(local_update, self.template)
-        rows = torch.zeros(longest, dtype=torch.int64, device=device)
-        rows[: local_update.rows.numel()] = local_update.rows
-        payload = torch.zeros((longest, packed.shape[1]), dtype=packed.dtype, device=device)
-        payload[: packed.shape[0]] = packed
-        all_rows = [torch.empty_like(rows) for _ in range(self.world_size)]
-        all_payloads = [torch.empty_like(payload) for _ in range(self.world_size)]
-        works = [
-            dist.all_gather(all_rows, rows, group=self.group, async_op=True),
-            dist.all_gather(all_payloads, payload, group=self.group, async_op=True),
-        ]
-        return DistributedHandle(step, sizes, works, all_rows, all_payloads, self.template)
+        sizes = [_Sizes(*values) for values in torch.stack(headers).tolist()]
+        longest = _longest(sizes)
+        indices, indices_work = self._all_gather(_pack_indices(local_update, longest, device))
+        payloads, payloads_work = self._all_gather(_padded(_pack(local_update, self.template), longest.rows))
+        works = [indices_work, payloads_work]
+        values = None
+        if longest.entries:
+            values, values_work = self._all_gather(_pack_stat_values(local_update, longest, device))
+            works.append(values_work)
+        return DistributedHandle(step, sizes, works, indices, payloads, values, self.template)
+
+    def _all_gather(self, tensor: Tensor) -> tuple[list[Tensor], Any]:
+        """Start an async all_gather of ``tensor`` (one shape on every rank); returns the outputs and the work."""
+        outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        return outputs, dist.all_gather(outputs, tensor, group=self.group, async_op=True)

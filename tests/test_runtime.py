@@ -23,7 +23,8 @@ from odin_nerfstudio.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.shadow import MEMORY_KINDS, ShadowGraph
 from odin_nerfstudio.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.tables import index_map_from_uid
-from odin_nerfstudio.tasks import task_generator
+from odin_nerfstudio.tasks import Task, task_generator
+from odin_nerfstudio.transport import VirtualTransport
 from odin_nerfstudio.virtual import run_virtual
 from tests.toy_scene import (
     LRS,
@@ -48,6 +49,31 @@ SCENES = {"dense": DENSE, "sparse": SPARSE}
 
 def schedule_of(scene: dict, workers: int, per_worker: int, steps: int = STEPS) -> list:
     return make_schedule(steps, workers, per_worker, scene["num_views"], focal_scale=scene["focal_scale"])
+
+
+def epoch_schedule(epochs: int, workers: int, per_worker: int, num_views: int, focal_scale: float = 0.75) -> list:
+    """step -> worker -> tasks: every view once per epoch (seeded shuffles), W x B views per step; the epoch's last
+    step holds the V mod (W x B) views left, ceil(r / W) per worker as ``schedule.py`` assigns them, so the last
+    workers may have none."""
+    generator = torch.Generator().manual_seed(0)
+    size = workers * per_worker
+    schedule: list = []
+    for _ in range(epochs):
+        views = torch.randperm(num_views, generator=generator).tolist()
+        for start in range(0, num_views, size):
+            chunk = views[start : start + size]
+            quota = -(-len(chunk) // workers)
+            step = len(schedule)
+            schedule.append(
+                [
+                    [
+                        Task(step, w, b, view, camera(view, num_views, focal_scale=focal_scale))
+                        for b, view in enumerate(chunk[w * quota : (w + 1) * quota])
+                    ]
+                    for w in range(workers)
+                ]
+            )
+    return schedule
 
 
 def run(mode: str, scene: dict, workers: int, per_worker: int, interleaving=(), steps: int = STEPS, **config):
@@ -140,6 +166,64 @@ def test_adversarial_runs_exercise_waits_reruns_and_reordering() -> None:
     assert_identical(snapshot(ahead), barrier_snapshot("sparse", 2, 2))
     assert (ahead.tables.pending_step == -1).all(), "a re-run's superseded candidate set stayed pending"
     assert ahead.shadow.open_slots() == [] and ahead.memory_report()["current_extra_bytes"] == 0
+
+
+@pytest.mark.parametrize("interleaving", list(adversarial(2)))
+def test_short_last_steps_quality_equals_barrier(interleaving: str) -> None:
+    """5 views on W = 2, B = 1: the last step of every epoch has one view and worker 1 none; worker 1 sends an
+    empty update for it and quality still equals barrier."""
+    schedule = epoch_schedule(3, 2, 1, 5)
+    assert [len(tasks) for tasks in schedule[2]] == [1, 0]
+    results = {}
+    for mode, turns in (("barrier", []), ("quality", adversarial(2)[interleaving])):
+        runtime = make_runtime(OdinRuntimeConfig(mode=mode, num_workers=2), make_params())
+        run_virtual(runtime, schedule, turns)
+        results[mode] = snapshot(runtime)
+    assert_identical(results["quality"], results["barrier"])
+
+
+class RecordingEndpoint:
+    """A transport endpoint that records the step and row count of every update it sends."""
+
+    def __init__(self, endpoint, sent: list[tuple[int, int]]) -> None:
+        self.endpoint = endpoint
+        self.sent = sent
+
+    def start_exchange(self, step: int, update: SparseUpdate):
+        self.sent.append((step, update.rows.numel()))
+        return self.endpoint.start_exchange(step, update)
+
+
+@pytest.mark.parametrize("mode", ["barrier", "quality"])
+def test_a_runtime_without_a_task_in_a_step_sends_an_empty_update_in_step_order(mode: str) -> None:
+    """A runtime whose only worker has no task in a step (rank 1 of a short step) still sends its part of that
+    step's exchange, after the previous step's and before the next, and publishes it like any other step."""
+    schedule = [[tasks[1]] for tasks in epoch_schedule(2, 2, 1, 5)]
+    schedule = [[[Task(t.step, 0, t.index, t.view, t.camera) for t in tasks] for tasks in step] for step in schedule]
+    empty = [step for step, (tasks,) in enumerate(schedule) if not tasks]
+    assert empty == [2, 5]
+    sent: list[tuple[int, int]] = []
+    params = make_params()
+    runtime = OdinRuntime(
+        OdinRuntimeConfig(mode=mode),
+        params,
+        selective_adams(params, LRS),
+        [RecordingEndpoint(VirtualTransport(1, params).endpoint(0), sent)],
+        render,
+    )
+    run_virtual(runtime, schedule, [0] * 20)
+    assert [step for step, _ in sent] == list(range(len(schedule)))
+    assert all((rows == 0) == (step in empty) for step, rows in sent)
+    assert runtime.published_through == len(schedule) - 1 and runtime.shadow.open_slots() == []
+    assert int(runtime.optimizers["means"].state[runtime.params["means"]]["step"]) == len(schedule)
+
+
+def test_plan_step_needs_one_count_per_worker() -> None:
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=2), make_params())
+    runtime.plan_step(0, [0, 0])
+    for counts in ([1], [1, -1]):
+        with pytest.raises(ValueError, match="one task count"):
+            runtime.plan_step(1, counts)
 
 
 def test_without_validation_an_adversarial_run_diverges(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from gsplat.strategy.ops import duplicate, remove
@@ -116,3 +118,19 @@ def test_sign_of_a_zero_gradient_changes_no_bit(betas: tuple[float, float]) -> N
         state = selective.state[param]
         states.append([t.view(torch.int32) for t in (param.detach(), state["exp_avg"], state["exp_avg_sq"])])
     assert all(torch.equal(a, b) for a, b in zip(*states, strict=True))
+
+
+def test_step_rows_runs_step_hooks_so_an_lr_scheduler_follows_publications() -> None:
+    """A trainer steps its LR scheduler from the optimizer's step hook: each step_rows (a publication) then uses
+    the rate of its own step, and torch's scheduler sees a step before its own (no order warning)."""
+    param = torch.nn.Parameter(torch.zeros(4, 2))
+    optimizer = SelectiveAdam([param], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    optimizer.register_step_post_hook(lambda *_: scheduler.step())
+    rates = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step_rows(torch.tensor([1]), [torch.ones(1, 2)])
+    assert rates == [1.0, 0.5, 0.25]

@@ -1,5 +1,7 @@
-"""Transports: the in-process exchange and torch.distributed over 2 gloo processes merge sparse updates in worker
-order, bit for bit as ``sum_in_order``, and every wait times out with a message naming what it waited for."""
+"""Transports: the in-process exchange and torch.distributed over 2 gloo processes merge sparse updates (and list
+their task statistics) in worker order, bit for bit as ``sum_in_order``, and every wait times out with a message
+naming what it waited for. Training over 2 gloo ranks (one runtime each) ends bit-identical to the virtual barrier:
+with a rank left without a task in a short step, and with densification statistics driving a refinement."""
 
 from __future__ import annotations
 
@@ -7,18 +9,23 @@ import dataclasses
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gsplat.strategy import DefaultStrategy
 
+from odin_nerfstudio.refine import apply_structural_change
 from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.selective_adam import selective_adams
 from odin_nerfstudio.sparse import SparseUpdate, sum_in_order
-from odin_nerfstudio.transport import DistributedTransport, VirtualTransport
+from odin_nerfstudio.strategy_stats import TaskStats
+from odin_nerfstudio.transport import DistributedTransport, Transport, VirtualTransport
 from odin_nerfstudio.virtual import run_virtual
-from tests.toy_scene import LRS, assert_identical, make_params, make_runtime, make_schedule, render, snapshot
+from tests.test_runtime import epoch_schedule
+from tests.toy_scene import LRS, assert_identical, make_params, make_schedule, render, render_gsplat, snapshot
 
 N = 30
 STEPS = 3
@@ -29,17 +36,31 @@ def template() -> dict[str, torch.Tensor]:
 
 
 def local_update(step: int, worker: int) -> SparseUpdate:
-    """A deterministic sparse update of ``worker`` in ``step`` (possibly empty)."""
+    """A deterministic sparse update of ``worker`` in ``step`` (possibly empty), with the statistics of 0 to 2
+    tasks of 0 to 5 entries each."""
     generator = torch.Generator().manual_seed(100 * step + worker)
     rows = torch.nonzero(torch.rand(N, generator=generator) < 0.3 * worker).flatten()
     grads = {name: torch.randn(rows.numel(), *ref.shape[1:], generator=generator) for name, ref in template().items()}
-    return SparseUpdate(rows, grads)
+    stats = []
+    for _ in range((step + worker) % 3):
+        entries = int(torch.randint(0, 6, (1,), generator=generator))
+        stats.append(
+            TaskStats(
+                rows=torch.randint(0, N, (entries,), generator=generator),
+                grad2d=torch.rand(entries, generator=generator),
+                radii=torch.rand(entries, generator=generator),
+            )
+        )
+    return SparseUpdate(rows, grads, tuple(stats))
 
 
 def assert_same(a: SparseUpdate, b: SparseUpdate) -> None:
     assert torch.equal(a.rows, b.rows)
     for name in a.grads:
         assert torch.equal(a.grads[name], b.grads[name]), name
+    assert len(a.stats) == len(b.stats)
+    for ours, theirs in zip(a.stats, b.stats, strict=True):
+        assert all(torch.equal(getattr(ours, k), getattr(theirs, k)) for k in ("rows", "grad2d", "radii"))
 
 
 def test_virtual_transport_merges_in_worker_order_and_times_out_by_name() -> None:
@@ -67,7 +88,8 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         transport = DistributedTransport(template(), timeout=1.0)
         handles = [transport.start_exchange(step, local_update(step, rank)) for step in range(STEPS)]
         merged = [handle.wait(timeout=30.0) for handle in handles]
-        torch.save([(m.rows, m.grads) for m in merged], Path(out_dir) / f"merged{rank}.pt")
+        saved = [(m.rows, m.grads, [(s.rows, s.grad2d, s.radii) for s in m.stats]) for m in merged]
+        torch.save(saved, Path(out_dir) / f"merged{rank}.pt")
         if rank == 0:
             try:
                 transport.start_exchange(STEPS, local_update(STEPS, 0))
@@ -88,48 +110,134 @@ def test_gloo_transport_merges_like_sum_in_order_and_names_its_timeouts(tmp_path
     assert not errors, errors
     for rank in range(2):
         merged = torch.load(tmp_path / f"merged{rank}.pt")
-        for step, (rows, grads) in enumerate(merged):
+        for step, (rows, grads, stats) in enumerate(merged):
             expected = sum_in_order([local_update(step, w) for w in range(2)], template())
-            assert_same(SparseUpdate(rows, grads), expected)
+            assert_same(SparseUpdate(rows, grads, tuple(TaskStats(*s) for s in stats)), expected)
     message = (tmp_path / "timeout.txt").read_text()
     assert f"step {STEPS}" in message and "row counts" in message and "ranks 0..1" in message
 
 
-SPARSE_SCHEDULE = {"num_steps": 6, "num_workers": 2, "per_worker": 2, "num_views": 12, "focal_scale": 2.0}
-SPARSE_LR_SCALE = 8.0
+DENSIFY = DefaultStrategy(
+    refine_start_iter=0,
+    refine_every=3,
+    reset_every=1000,
+    pause_refine_after_reset=0,
+    refine_scale2d_stop_iter=10,
+    grow_grad2d=5e-3,
+    grow_scale2d=0.4,
+    prune_opa=0.1,
+)
+"""Refines after step 3 of the toy scene: about half of its Gaussians have a mean grad2d above the threshold
+(those with exp(scale) <= 0.1 duplicated, the others split), the least opaque pruned; radii tracked."""
+REFINE_AFTER = 3
 
 
-def _runtime_rank_main(rank: int, init_file: str, out_dir: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A training run, made the same way per rank (one runtime each, gloo) and on virtual workers.
+
+    Attributes:
+        schedule: the W = 2 schedule (step -> worker -> tasks).
+        per_worker: B.
+        lr_scale: the learning rates are LRS x lr_scale.
+        densify: render with gsplat's rasterizer, keep a strategy state and refine after step REFINE_AFTER.
+    """
+
+    schedule: Callable[[], list]
+    per_worker: int
+    lr_scale: float = 1.0
+    densify: bool = False
+
+
+RUNS = {
+    "sparse": Run(lambda: make_schedule(6, 2, 2, 12, focal_scale=2.0), per_worker=2, lr_scale=8.0),
+    "short_step": Run(lambda: epoch_schedule(3, 2, 1, 5), per_worker=1),
+    "densify": Run(lambda: epoch_schedule(3, 2, 2, 7), per_worker=2, densify=True),
+}
+
+
+def train(name: str, mode: str, rank: int | None) -> dict[str, torch.Tensor]:
+    """Train run ``name`` as rank ``rank`` of 2 over gloo (worker ``rank``'s tasks), or on 2 virtual workers if None.
+
+    Returns:
+        The model's snapshot and, with a strategy, its state (``strategy.*``) at the end and just before the
+        refinement (``refined.*``).
+    """
+    run = RUNS[name]
+    params = make_params(60 if run.densify else 120)
+    if rank is None:
+        workers, virtual = 2, VirtualTransport(2, params)
+        transports: list[Transport] = [virtual.endpoint(w) for w in range(2)]
+        schedule = run.schedule()
+    else:
+        workers, transports = 1, [DistributedTransport(params, timeout=60.0)]
+        schedule = [[[dataclasses.replace(task, worker=0) for task in step[rank]]] for step in run.schedule()]
+    state = DENSIFY.initialize_state(scene_scale=10.0) if run.densify else None
+    runtime = OdinRuntime(
+        OdinRuntimeConfig(mode=mode, num_workers=workers, tasks_per_worker=run.per_worker, wait_timeout_s=60.0),
+        params,
+        selective_adams(params, {name: lr * run.lr_scale for name, lr in LRS.items()}),
+        transports,
+        render_gsplat if run.densify else render,
+        strategy_state=state,
+    )
+    out = {}
+
+    def refine(rt: OdinRuntime) -> torch.Tensor:
+        out.update(tensors_of(rt.strategy_state, "refined"))
+        return apply_structural_change(DENSIFY, rt.params, rt.optimizers, rt.strategy_state, REFINE_AFTER, seed=0)
+
+    run_virtual(runtime, schedule, structural_changes={REFINE_AFTER + 1: refine} if run.densify else None)
+    return {**out, **snapshot(runtime), **tensors_of(state or {}, "strategy")}
+
+
+def tensors_of(state: dict, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a strategy state, cloned, keyed ``prefix.key``."""
+    return {f"{prefix}.{key}": value.clone() for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+def _train_rank_main(rank: int, init_file: str, out_dir: str, name: str) -> None:
     """One rank of a distributed quality-first run: its own runtime, replica and worker, gloo in between."""
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-        params = make_params()
-        runtime = OdinRuntime(
-            OdinRuntimeConfig(mode="quality", num_workers=1, tasks_per_worker=2, wait_timeout_s=60.0),
-            params,
-            selective_adams(params, {name: lr * SPARSE_LR_SCALE for name, lr in LRS.items()}),
-            [DistributedTransport(params, timeout=60.0)],
-            render,
-        )
-        schedule = make_schedule(**SPARSE_SCHEDULE)
-        mine = [[[dataclasses.replace(task, worker=0) for task in step[rank]]] for step in schedule]
-        run_virtual(runtime, mine)
-        torch.save(snapshot(runtime), Path(out_dir) / f"snapshot{rank}.pt")
+        torch.save(train(name, "quality", rank), Path(out_dir) / f"result{rank}.pt")
     except BaseException:
         (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
     os._exit(0)
 
 
+def assert_ranks_equal_the_virtual_barrier(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
+    """Train ``name`` on 2 gloo ranks; both ranks' results equal the virtual barrier's, which is returned."""
+    mp.spawn(_train_rank_main, args=(str(tmp_path / "init"), str(tmp_path), name), nprocs=2, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    barrier = train(name, "barrier", None)
+    for rank in range(2):
+        assert_identical(torch.load(tmp_path / f"result{rank}.pt"), barrier)
+    return barrier
+
+
 def test_two_gloo_ranks_train_bit_identical_to_the_virtual_barrier(tmp_path: Path) -> None:
     """One runtime per rank (quality-first, sparse updates over gloo): both replicas end bit-identical to each
     other and to the virtual barrier run of the same schedule."""
-    mp.spawn(_runtime_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
-    assert not errors, errors
-    barrier = make_runtime(
-        OdinRuntimeConfig(mode="barrier", num_workers=2, tasks_per_worker=2), make_params(), lr_scale=SPARSE_LR_SCALE
-    )
-    run_virtual(barrier, make_schedule(**SPARSE_SCHEDULE))
-    for rank in range(2):
-        assert_identical(torch.load(tmp_path / f"snapshot{rank}.pt"), snapshot(barrier))
+    assert_ranks_equal_the_virtual_barrier(tmp_path, "sparse")
+
+
+def test_a_rank_without_a_task_in_a_short_step_still_takes_part_in_its_exchange(tmp_path: Path) -> None:
+    """5 views on 2 ranks, B = 1: the last step of every epoch has one view, rank 1 none. Rank 1 sends an empty
+    update for it in step order and both replicas end bit-identical to the virtual barrier."""
+    assert [[len(tasks) for tasks in step] for step in RUNS["short_step"].schedule()][2::3] == [[1, 0]] * 3
+    assert_ranks_equal_the_virtual_barrier(tmp_path, "short_step")
+
+
+def test_two_gloo_ranks_share_densification_statistics_and_refine_identically(tmp_path: Path) -> None:
+    """gsplat's rasterizer, a DefaultStrategy state and a refinement after step 3 driven by the statistics: every
+    rank accumulates every rank's task statistics, so the states before the refinement, the refined replicas and
+    the states after it are bit-identical on both ranks and to the virtual barrier with W = 2."""
+    barrier = assert_ranks_equal_the_virtual_barrier(tmp_path, "densify")
+    counts = barrier["refined.count"]
+    assert counts.max() > counts.min() > 0, "every Gaussian should be seen, some by both ranks' tasks"
+    grads = barrier["refined.grad2d"] / counts
+    assert (grads > DENSIFY.grow_grad2d).any() and (grads <= DENSIFY.grow_grad2d).any()
+    assert barrier["means"].shape[0] != 60 and barrier["strategy.radii"].any()
