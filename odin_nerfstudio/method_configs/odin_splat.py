@@ -7,28 +7,27 @@ specifications need; heavy or optional libraries (pycolmap, scipy, matplotlib) l
 from __future__ import annotations
 
 from nerfstudio.configs.base_config import ViewerConfig
-from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
-from nerfstudio.engine.trainer import TrainerConfig
-from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
 
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.ns.datamanager import OdinDatamanagerConfig
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
+from odin_nerfstudio.ns.pipeline import OdinPipelineConfig
+from odin_nerfstudio.ns.trainer import OdinTrainerConfig, SelectiveAdamOptimizerConfig
 
 allow_nerfstudio_checkpoints()
 
 
-def _adam(lr: float) -> AdamOptimizerConfig:
-    """Adam with splatfacto's epsilon."""
-    return AdamOptimizerConfig(lr=lr, eps=1e-15)
+def _adam(lr: float) -> SelectiveAdamOptimizerConfig:
+    """Selective Adam (the runtime's optimizer) with splatfacto's epsilon."""
+    return SelectiveAdamOptimizerConfig(lr=lr, eps=1e-15)
 
 
 def odin_splat_optimizers(max_steps: int = 30000) -> dict:
-    """Splatfacto's per-group learning rates and schedules."""
-    warm = {"warmup_steps": 1000, "lr_pre_warmup": 0, "max_steps": max_steps}
+    """Splatfacto's per-group learning rates and schedules for the Gaussian parameters (the runtime trains only
+    those: splatfacto's camera optimizer and bilateral grid stay off)."""
     return {
         "means": {
             "optimizer": _adam(1.6e-4),
@@ -39,16 +38,11 @@ def odin_splat_optimizers(max_steps: int = 30000) -> dict:
         "opacities": {"optimizer": _adam(0.05), "scheduler": None},
         "scales": {"optimizer": _adam(0.005), "scheduler": None},
         "quats": {"optimizer": _adam(0.001), "scheduler": None},
-        "camera_opt": {"optimizer": _adam(1e-4), "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, **warm)},
-        "bilateral_grid": {
-            "optimizer": _adam(2e-3),
-            "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, **warm),
-        },
     }
 
 
 odin_splat = MethodSpecification(
-    config=TrainerConfig(
+    config=OdinTrainerConfig(
         method_name="odin-splat",
         steps_per_eval_image=100,
         steps_per_eval_batch=0,
@@ -56,7 +50,7 @@ odin_splat = MethodSpecification(
         steps_per_eval_all_images=1000,
         max_num_iterations=30000,
         mixed_precision=False,
-        pipeline=VanillaPipelineConfig(
+        pipeline=OdinPipelineConfig(
             datamanager=OdinDatamanagerConfig(
                 dataparser=OdinColmapDataParserConfig(load_3D_points=True),
                 cache_images_type="uint8",

@@ -30,7 +30,7 @@ rank first reloads ``<run>/odin_schedule.json`` and checks it against the regene
 scene (views, tracks, camera sizes) or different schedule options raise a ValueError that says which.
 
 Rank: nerfstudio hands datamanagers the rank within the machine, so when torch.distributed is initialized the
-global rank is taken from it instead. `train_cameras_sampling_strategy` and its seed are ignored.
+global rank and the world size are taken from it instead. `train_cameras_sampling_strategy` and its seed are ignored.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ class OdinDatamanager(FullImageDatamanager):
             config, device=device, test_mode=test_mode, world_size=world_size, local_rank=local_rank, **kwargs
         )
         self.rank = _global_rank(local_rank)
+        self.world_size = world_size = _world_size(world_size)
         self.view_pixels = (self.train_dataset.cameras.width * self.train_dataset.cameras.height).view(-1).numpy()
         self.schedule = self._compile_schedule()
         self.workers = range(self.rank, self.schedule.config.num_workers, world_size)
@@ -261,6 +262,14 @@ def resumed_run_dir(trainer_config) -> Optional[Path]:
     if trainer_config.load_checkpoint is not None:
         return Path(trainer_config.load_checkpoint).parent.parent
     return None
+
+
+def _world_size(world_size: int) -> int:
+    """torch.distributed's world size when a process group is up (a pipeline that never wraps its model in DDP
+    hands datamanagers 1), else ``world_size``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return world_size
 
 
 def _global_rank(local_rank: int) -> int:

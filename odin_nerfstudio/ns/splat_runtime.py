@@ -23,7 +23,7 @@ from odin_nerfstudio.ns.model import OdinSplatModel
 from odin_nerfstudio.rasterize import drawn_rows
 from odin_nerfstudio.refine import apply_structural_change, structural_change_due
 from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
-from odin_nerfstudio.selective_adam import selective_adams
+from odin_nerfstudio.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.tasks import Task
 from odin_nerfstudio.transport import Transport, VirtualTransport
 from odin_nerfstudio.virtual import run_virtual
@@ -72,6 +72,7 @@ class SplatTaskRenderer:
             raise ValueError(f"The Odin runtime does not support {', '.join(enabled)} yet; disable it.")
         self.model = model
         self.images = images
+        self.losses: dict[tuple[int, int, int], Tensor] = {}
 
     def background(self, generator: torch.Generator) -> Tensor:
         """The task's background colour [3]: random from its generator, or the configured colour."""
@@ -92,7 +93,13 @@ class SplatTaskRenderer:
         l1 = torch.abs(gt - rgb).mean()
         ssim = model.ssim(gt.permute(2, 0, 1)[None], rgb.permute(2, 0, 1)[None])
         loss = (1 - model.config.ssim_lambda) * l1 + model.config.ssim_lambda * (1 - ssim)
+        self.losses[task.key] = loss.detach()
         return loss, info
+
+    def pop_losses(self, step: int) -> list[Tensor]:
+        """The losses of ``step``'s tasks rendered here (a re-run's replaces its first render), in task order."""
+        keys = sorted(key for key in self.losses if key[0] == step)
+        return [self.losses.pop(key) for key in keys]
 
     def render_camera(self, task: Task) -> Camera:
         """The camera `task` renders with: its camera at the downscale of the resolution schedule at its step
@@ -125,33 +132,39 @@ def build_runtime(
     model: OdinSplatModel,
     images: Sequence[Tensor],
     config: OdinRuntimeConfig,
-    learning_rates: dict[str, float],
+    optimizers: dict[str, SelectiveAdam],
     transports: Sequence[Transport] | None = None,
     check_escapes: bool = True,
+    start_step: int = 0,
 ) -> OdinRuntime:
-    """An Odin runtime that trains `model.gauss_params` in place with selective Adam and the model's strategy.
+    """An Odin runtime that trains `model.gauss_params` in place with `optimizers` (one selective Adam per
+    Gaussian parameter) and the model's strategy; its statistics start from zero.
 
     Without `transports`, the W workers of `config` share one in-process (virtual) transport. With
     `check_escapes`, every task is validated against the rows the rasterizer would draw outside its candidate
     set (a projection of the rows of its drawable region outside C(t), see `SplatTaskRenderer.drawable`); an
-    escape is counted and, in quality-first, re-run.
+    escape is counted and, in quality-first, re-run. `start_step` > 0 resumes after a checkpoint of step
+    `start_step` - 1 (see `OdinRuntime`).
     """
     params = model.gauss_params
     if transports is None:
         virtual = VirtualTransport(config.num_workers, params)
         transports = [virtual.endpoint(w) for w in range(config.num_workers)]
+    missing = [name for name in GAUSSIAN_PARAMS if not isinstance(optimizers.get(name), SelectiveAdam)]
+    if missing:
+        raise ValueError(f"the runtime needs a SelectiveAdam for each Gaussian parameter; missing for {missing}")
     model.strategy_state = model.strategy.initialize_state(scene_scale=1.0)
-    model.optimizers = selective_adams(params, learning_rates)
     config.absgrad = model.strategy.absgrad
     renderer = SplatTaskRenderer(model, images)
     return OdinRuntime(
         config,
         params,
-        model.optimizers,
+        {name: optimizers[name] for name in GAUSSIAN_PARAMS},
         transports,
         renderer,
         visibility_fn=EscapeCheck(renderer.visible, renderer.drawable) if check_escapes else None,
         strategy_state=model.strategy_state,
+        start_step=start_step,
     )
 
 
@@ -210,7 +223,7 @@ def train_virtual(
         )
     model.train()
     images = [datamanager.cached_train[i]["image"] for i in range(len(datamanager.cached_train))]
-    runtime = build_runtime(model, images, runtime_config, learning_rates)
+    runtime = build_runtime(model, images, runtime_config, selective_adams(model.gauss_params, learning_rates))
     steps = [datamanager.schedule.at(s).tasks for s in range(num_steps)]
     tasks = schedule_tasks(steps, datamanager.train_dataset.cameras, device=str(model.device))
     run_virtual(runtime, tasks, interleaving, structural_changes(model, num_steps, runtime_config.seed))

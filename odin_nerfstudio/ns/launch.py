@@ -1,0 +1,83 @@
+"""`odin-train`: ns-train under torchrun, so that multi-process runs work on CPU (gloo) as well as on CUDA (NCCL).
+
+nerfstudio's own launcher asserts CUDA for more than one process. Under torchrun every process runs this entry
+point: it parses the same command line as ns-train, joins the process group torchrun describes (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR and MASTER_PORT in the environment; NCCL on CUDA, gloo on CPU), takes rank 0's timestamp so
+that every rank writes to one run folder, seeds every rank alike and trains. Without torchrun's environment it is
+ns-train. One process per schedule worker (leave `--pipeline.datamanager.num-workers` unset)::
+
+    torchrun --nproc-per-node 2 --no-python odin-train odin-splat --data data/synth-street --machine.device-type cpu
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import tyro
+import yaml
+from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
+from nerfstudio.engine.trainer import TrainerConfig
+from nerfstudio.scripts import train as ns_train
+from nerfstudio.utils.rich_utils import CONSOLE
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+JOIN_TIMEOUT = datetime.timedelta(minutes=5)
+"""How long a rank waits for the others to join the process group."""
+
+
+def entrypoint() -> None:
+    """Console script: parse ns-train's command line, then train in this process (one rank of torchrun)."""
+    tyro.extras.set_accent_color("bright_yellow")
+    main(tyro.cli(AnnotatedBaseConfigUnion, description=__doc__.splitlines()[0]))
+
+
+def main(config: TrainerConfig) -> None:
+    """Train ``config`` as the rank torchrun's environment names, or as ns-train when there is none."""
+    if "WORLD_SIZE" not in os.environ:
+        ns_train.main(config)
+        return
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"odin-train needs torchrun's environment; missing {missing} (launch it with torchrun)")
+    rank, world_size, local_rank = (int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    cuda = config.machine.device_type == "cuda"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=JOIN_TIMEOUT)
+    try:
+        config = _resolved(config)
+        stamp = [config.timestamp]
+        dist.broadcast_object_list(stamp, src=0)
+        config.timestamp = stamp[0]
+        if rank == 0:
+            config.print_to_terminal()
+            config.save_config()
+        CONSOLE.log(f"odin-train: rank {rank} of {world_size} ({'NCCL' if cuda else 'gloo'})")
+        _seed(config.machine.seed)
+        trainer = config.setup(local_rank=local_rank, world_size=world_size)
+        trainer.setup()
+        trainer.train()
+    finally:
+        dist.destroy_process_group()
+
+
+def _resolved(config: TrainerConfig) -> TrainerConfig:
+    """ns-train's aliases (`--data`, `--load-config`) applied, and the timestamp set (rank 0's wins)."""
+    if config.data:
+        config.pipeline.datamanager.data = config.data
+    if config.load_config:
+        config = yaml.load(config.load_config.read_text(), Loader=yaml.Loader)
+    config.set_timestamp()
+    return config
+
+
+def _seed(seed: int) -> None:
+    """The same seed on every rank (nerfstudio adds the rank), so the replicas start identical."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,261 @@
+"""`OdinTrainer`: nerfstudio's trainer with each iteration one step of Odin's schedule, trained by the runtime.
+
+Why a trainer: nerfstudio's loop renders a batch, back-propagates into the whole model and steps dense optimizers;
+Odin's runtime renders each task from its gathered rows, stages sparse gradients, publishes them with selective Adam
+in step order, and lets a worker read step s + 1 while step s is still in flight. `OdinTrainer` keeps the rest of
+nerfstudio's trainer (viewer, writers, evaluation, checkpoints, resume) and replaces the iteration:
+
+- iteration s runs the schedule's step s: the tasks of every worker when the W workers are virtual (one process),
+  or of the rank's own worker when each process is one (torchrun, `odin_nerfstudio.ns.launch`);
+- the Gaussian parameters are optimized by selective Adam (`SelectiveAdamOptimizerConfig`), whose learning-rate
+  schedulers step once per publication, so step s is published with step s's rate whenever it publishes;
+- densification, pruning and opacity resets (gsplat's DefaultStrategy as splatfacto configures it) run before step
+  s + 1 reads, behind the runtime's barrier, from the statistics the runtime accumulated per task;
+- evaluation, checkpoints and the end of training first settle the runtime (every started step published), so they
+  see the synchronous state of their step and a resumed run continues from exactly that state.
+
+In a distributed run (`odin-train` under torchrun, or `ns-train --machine.num-devices N` on CUDA) each process is one
+worker with its own replica: rank 0's initial Gaussians are broadcast, the pipeline never wraps the model in DDP
+(`OdinPipeline`), only rank 0 evaluates and saves, and a checksum every `replica_check_every` steps and at the end
+checks that the replicas are still bit-identical.
+
+Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count and the runtime's counters
+(waits, re-runs, stale reads, bookkeeping per task). At the end the runtime's timeline is written as a Chrome trace
+(`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, Type
+
+import torch
+from nerfstudio.engine.optimizers import OptimizerConfig, Optimizers
+from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils.misc import step_check
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from odin_nerfstudio.runtime import OdinRuntimeConfig
+from odin_nerfstudio.selective_adam import SelectiveAdam
+
+TIMELINE_FILENAME = "odin_timeline.json"
+
+
+@dataclass
+class SelectiveAdamOptimizerConfig(OptimizerConfig):
+    """Selective Adam: Adam on the rows a publication touched; every other row keeps its value and moments."""
+
+    _target: Type = field(default_factory=lambda: SelectiveAdam)
+    eps: float = 1e-15
+    """Added to the denominator (splatfacto's 1e-15)."""
+
+
+@dataclass
+class OdinTrainerConfig(TrainerConfig):
+    """nerfstudio's trainer settings, plus Odin's runtime."""
+
+    _target: Type = field(default_factory=lambda: OdinTrainer)
+    runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
+    """Mode (quality, throughput, barrier), ring slots K, stale-read bounds, culling margin, wait timeout. Workers
+    and views per step come from the datamanager's schedule (`--pipeline.datamanager.num-workers`, `views-per-step`);
+    the seed from `--machine.seed`."""
+    check_escapes: bool = True
+    """Validate every task against the Gaussians the rasterizer would draw outside its candidate set."""
+    export_timeline: bool = True
+    """Write the runtime's timeline as a Chrome trace in the run folder at the end of training."""
+    replica_check_every: int = 500
+    """Steps between checks that every rank's replica is bit-identical (distributed runs; 0: at the end only)."""
+
+
+class OdinTrainer(Trainer):
+    """Trains odin-splat through Odin's runtime, one schedule step per iteration."""
+
+    config: OdinTrainerConfig
+
+    def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
+        from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS, build_runtime
+
+        super().setup(test_mode)
+        model = self.pipeline.model
+        self._bind_optimizers(GAUSSIAN_PARAMS)
+        if self.world_size > 1:
+            for param in model.gauss_params.values():
+                torch.distributed.broadcast(param.data, src=0)
+        self.callbacks = [callback for callback in self.callbacks if callback.func != model.step_post_backward]
+        for name, scheduler in self.optimizers.schedulers.items():
+            self.optimizers.optimizers[name].register_step_post_hook(lambda *_, scheduler=scheduler: scheduler.step())
+        datamanager = self.pipeline.datamanager
+        self.local_workers = list(datamanager.workers)
+        images = [datamanager.cached_train[i]["image"] for i in range(len(datamanager.cached_train))]
+        self.runtime = build_runtime(
+            model,
+            images,
+            self._runtime_config(),
+            self.optimizers.optimizers,
+            self._transports(),
+            self.config.check_escapes,
+            start_step=self._start_step,
+        )
+        self._cameras: dict = {}
+        if self.world_size == 1 and self.runtime.config.num_workers > 1:
+            CONSOLE.log(f"Odin: {self.runtime.config.num_workers} virtual workers in this process")
+
+    def setup_optimizers(self) -> Optimizers:
+        """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only."""
+        from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
+
+        extra = sorted(set(self.pipeline.get_param_groups()) - set(GAUSSIAN_PARAMS))
+        if extra:
+            raise ValueError(
+                f"odin-splat trains the Gaussian parameters only, but the model also optimizes {extra}; turn them off "
+                "(--pipeline.model.camera-optimizer.mode off, --pipeline.model.use-bilateral-grid False)"
+            )
+        return super().setup_optimizers()
+
+    def _runtime_config(self) -> OdinRuntimeConfig:
+        """The runtime's config: the user's options with the schedule's workers and views and the machine seed."""
+        options = self.config.runtime
+        default = OdinRuntimeConfig()
+        if (options.num_workers, options.tasks_per_worker) != (default.num_workers, default.tasks_per_worker):
+            raise ValueError(
+                "set workers and views per step on the datamanager (--pipeline.datamanager.num-workers, "
+                "--pipeline.datamanager.views-per-step), not on the runtime"
+            )
+        schedule = self.pipeline.datamanager.schedule.config
+        if self.world_size > 1 and schedule.num_workers != self.world_size:
+            raise ValueError(
+                f"a distributed run needs one schedule worker per process: num_workers = {schedule.num_workers}, "
+                f"world size {self.world_size}; leave --pipeline.datamanager.num-workers unset"
+            )
+        return dataclasses.replace(
+            options,
+            num_workers=len(self.local_workers),
+            tasks_per_worker=schedule.views_per_worker,
+            seed=self.config.machine.seed,
+        )
+
+    def _transports(self) -> list | None:
+        """One torch.distributed transport per process in a distributed run; None (in-process) otherwise."""
+        if self.world_size == 1:
+            return None
+        from odin_nerfstudio.transport import DistributedTransport
+
+        params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
+        return [DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)]
+
+    def _bind_optimizers(self, names: tuple[str, ...]) -> None:
+        """Point each selective Adam at the model's current parameter, carrying its state.
+
+        nerfstudio builds the optimizers, then loads a checkpoint into the model, and splatfacto's loader replaces
+        every Gaussian parameter with a new tensor of the checkpoint's size: the optimizer would keep stepping the
+        old ones. The loaded moments have the checkpoint's rows, so they belong to the new parameter.
+        """
+        params = self.pipeline.model.gauss_params
+        for name in names:
+            optimizer = self.optimizers.optimizers[name]
+            (old,) = optimizer.param_groups[0]["params"]
+            new = params[name]
+            if old is new:
+                continue
+            state = optimizer.state.pop(old, None)
+            optimizer.param_groups[0]["params"] = [new]
+            if state and state["exp_avg"].shape != new.shape:
+                raise ValueError(
+                    f"the checkpoint's optimizer state of {name} has shape {tuple(state['exp_avg'].shape)}, its "
+                    f"parameter {tuple(new.shape)}: the checkpoint is inconsistent"
+                )
+            optimizer.state[new] = state or {}
+            optimizer._state_of(new)
+
+    def _step_tasks(self, step: int) -> list:
+        """The local workers' tasks of schedule step ``step`` (worker ids are local positions)."""
+        from odin_nerfstudio.ns.splat_runtime import odin_camera
+        from odin_nerfstudio.tasks import Task
+
+        views = self.pipeline.datamanager.schedule.at(step).tasks
+        cameras = self.pipeline.datamanager.train_dataset.cameras
+        tasks = []
+        for local, worker in enumerate(self.local_workers):
+            for index, view in enumerate(views[worker]):
+                if view not in self._cameras:
+                    self._cameras[view] = odin_camera(cameras, view, self.pipeline.model.device)
+                tasks.append(Task(step, local, index, view, self._cameras[view]))
+        return [[task for task in tasks if task.worker == local] for local in range(len(self.local_workers))]
+
+    def train_iteration(self, step: int):
+        """Schedule step ``step``: a structural change due after step - 1, then the local tasks through the runtime.
+
+        Returns nerfstudio's (loss, loss dict, metrics dict): the mean loss of the step's local tasks, the Gaussian
+        count and the runtime's counters so far.
+        """
+        from odin_nerfstudio.refine import apply_structural_change, structural_change_due
+        from odin_nerfstudio.step_driver import run_step, settle
+
+        model, runtime = self.pipeline.model, self.runtime
+        if step > 0 and structural_change_due(model.strategy, step - 1):
+            settle(runtime)
+            state, seed = runtime.strategy_state, runtime.config.seed
+            runtime.remap(
+                apply_structural_change(model.strategy, runtime.params, runtime.optimizers, state, step - 1, seed)
+            )
+        run_step(runtime, step, self._step_tasks(step))
+        if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
+            self._check_replicas(step)
+        losses = runtime.render_fn.pop_losses(step)
+        loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
+        return loss, {"main_loss": loss}, self._odin_metrics()
+
+    def _odin_metrics(self) -> dict[str, float]:
+        """The Gaussian count and the runtime's counters, for nerfstudio's writers."""
+        counters = self.runtime.counters
+        return {
+            "gaussian_count": float(self.runtime.num_primitives),
+            "odin/published_step": float(self.runtime.published_through),
+            "odin/waits": float(sum(counters.waits.values())),
+            "odin/reruns": float(counters.reruns),
+            "odin/stale_reads": float(len(counters.stale_reads)),
+            "odin/bookkeeping_ms_per_task": counters.bookkeeping_ns / 1e6 / max(counters.tasks, 1),
+        }
+
+    def eval_iteration(self, step: int) -> None:
+        """nerfstudio's evaluation, on the synchronous state of ``step`` when an evaluation is due."""
+        config = self.config
+        intervals = (config.steps_per_eval_batch, config.steps_per_eval_image, config.steps_per_eval_all_images)
+        if any(step_check(step, interval) for interval in intervals):
+            self._settle()
+            if self.pipeline.datamanager.rank == 0:
+                super().eval_iteration(step)
+
+    def save_checkpoint(self, step: int) -> None:
+        """Settle the runtime on every rank (its steps <= ``step`` published), then nerfstudio's save (rank 0)."""
+        self._settle()
+        super().save_checkpoint(step)
+
+    def _after_train(self) -> None:
+        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint, final table)."""
+        self._settle()
+        if self.world_size > 1:
+            self._check_replicas(self.step)
+        if self.config.export_timeline:
+            name = TIMELINE_FILENAME if self.world_size == 1 else f"odin_timeline_rank{self.local_rank}.json"
+            path = self.runtime.timeline.export_chrome_trace(self.base_dir / name)
+            CONSOLE.log(f"Odin timeline (Chrome trace, opens in Perfetto): {path}")
+        metrics = self._odin_metrics()
+        CONSOLE.log("Odin: " + ", ".join(f"{name} {value:g}" for name, value in metrics.items()))
+        super()._after_train()
+
+    def _check_replicas(self, step: int) -> None:
+        """Settle, then compare every rank's replica with rank 0's (a collective at the same step on every rank)."""
+        from odin_nerfstudio.replicas import check_replicas
+
+        self._settle()
+        check_replicas(dict(self.pipeline.model.gauss_params), step)
+
+    def _settle(self) -> None:
+        """Publish every started step (the runtime exists once setup has run)."""
+        from odin_nerfstudio.step_driver import settle
+
+        if hasattr(self, "runtime"):
+            settle(self.runtime)
