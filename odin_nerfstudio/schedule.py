@@ -20,6 +20,10 @@ How, per epoch e (RNG seeded from (seed, e), so epoch e never needs epochs < e):
    greedily: the next step is the first group, in a seeded random priority, with no edge to the last
    ring_size steps; when every remaining group has one, the group with the least weight to the previous step
    (then to the earlier steps, then priority). The short group stays last.
+   Fallback: when the chained groups conflict more with their predecessors than the epoch's seeded random
+   order chunked into steps of S (possible on small, dense scenes, where greedy grouping leaves its worst
+   pairs for the end), the epoch takes that random order instead, so a schedule is never worse than the
+   random baseline it is measured against.
 3. Assign: longest-processing-time-first (LPT) within each step: views by decreasing predicted cost, each to
    the least-loaded worker that holds fewer than its quota of views (B in a full step). Predicted cost of a
    view: cost_per_point * (observed SfM points) + cost_per_pixel * (image pixels); the point term stands for
@@ -57,7 +61,7 @@ import scipy.sparse as sp
 from odin_nerfstudio.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
-VERSION = 1
+VERSION = 2
 _CACHED_EPOCHS = 2
 _SCAN_CHUNK = 32
 
@@ -282,25 +286,28 @@ class Schedule:
         rng = np.random.default_rng([config.seed, epoch, 0])
         groups = grow_groups(weights, rng.permutation(self.num_views), config.step_size)
         groups = [groups[i] for i in order_groups(weights, groups, config.step_size, config.ring_size, rng)]
-        step_of = _step_of(groups, self.num_views)
-        lag_mass = conflict_by_lag(self._edges, step_of, len(groups), config.ring_size)
+        lag_mass = conflict_by_lag(self._edges, _step_of(groups, self.num_views), len(groups), config.ring_size)
+        random_groups = self._random_groups(epoch)
+        random_mass = conflict_by_lag(self._edges, _step_of(random_groups, self.num_views), len(random_groups), 1)
+        if lag_mass[:, 0].sum() > random_mass.sum():
+            groups = random_groups
+            lag_mass = conflict_by_lag(self._edges, _step_of(groups, self.num_views), len(groups), config.ring_size)
         first = epoch * self.steps_per_epoch
         steps = tuple(
             self._step(first + s, epoch, views, lag_mass[s], min(s, config.ring_size)) for s, views in enumerate(groups)
         )
-        random_mass = self.random_conflict_profile(epoch)
         return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=float(random_mass.sum()))
 
-    def random_conflict_profile(self, epoch: int) -> np.ndarray:
-        """Conflict mass of each step with its predecessor in epoch ``epoch``'s seeded random order, [steps_per_epoch].
+    def _random_groups(self, epoch: int) -> list[np.ndarray]:
+        """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S."""
+        order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
+        return [order[i : i + self.config.step_size] for i in range(0, self.num_views, self.config.step_size)]
 
-        The random order is a permutation drawn from (seed, epoch, 1) and chunked into steps of S views; its sum is
-        the epoch's ``random_conflict_mass``.
-        """
-        random_order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
-        random_step_of = np.empty(self.num_views, dtype=np.int64)
-        random_step_of[random_order] = np.arange(self.num_views) // self.config.step_size
-        return conflict_by_lag(self._edges, random_step_of, self.steps_per_epoch, 1)[:, 0]
+    def random_conflict_profile(self, epoch: int) -> np.ndarray:
+        """Conflict mass of each step with its predecessor in epoch ``epoch``'s random baseline, [steps_per_epoch];
+        its sum is the epoch's ``random_conflict_mass``."""
+        groups = self._random_groups(epoch)
+        return conflict_by_lag(self._edges, _step_of(groups, self.num_views), len(groups), 1)[:, 0]
 
     def _step(self, index: int, epoch: int, views: np.ndarray, lag_mass: np.ndarray, max_lag: int) -> Step:
         """Assemble one step: LPT tasks, conflict mass with the previous step and overlap window."""
