@@ -6,7 +6,12 @@ tasks balanced over the W workers (:mod:`odin_nerfstudio.schedule`). This datama
 schedule from the `sfm_tracks` the `odin-colmap` dataparser puts in the train split's metadata (view costs from
 the train cameras' width x height, after `camera_res_scale_factor`), and serves each rank's tasks in order.
 
-Which task an iteration gets. Worker w's task sequence is the concatenation, over the schedule's global steps,
+Who reads the schedule. odin-splat's trainer (`OdinTrainer`) runs schedule step i at iteration i on every rank,
+all of the step's tasks through Odin's runtime, and reads `schedule`, `workers` and the cached images from here;
+a rank without a task in a short step still takes part in that step's exchange. `next_train` below serves a
+plain nerfstudio loop (one task per iteration), as a pipeline built on this datamanager without the runtime has.
+
+Which task an iteration gets from `next_train`. Worker w's task sequence is the concatenation, over the schedule's global steps,
 of ``step.tasks[w]``; a process of rank r in a world of N processes runs the workers r, r + N, r + 2N, ... of
 the schedule (W must be a multiple of N; with the default W = N, rank r is worker r) and its sequence
 interleaves them step by step, worker by worker. Iteration i gets the i-th task of that sequence:
