@@ -90,6 +90,10 @@ def test_quality_equals_barrier_in_the_trainer_across_a_densification(street: Pa
     run = quality.base_dir
     trace = json.loads((run / "odin_timeline.json").read_text())
     assert {event["name"] for event in trace["traceEvents"]} >= {"render", "backward", "publish"}
+    counters = json.loads((run / "odin_counters.json").read_text())
+    schedule = quality.pipeline.datamanager.schedule
+    scheduled = sum(len(views) for step in range(42) for views in schedule.at(step).tasks)
+    assert counters["publications"] == 42 and counters["tasks"] == scheduled + counters["reruns"]
     events = list(run.glob("events.out.tfevents.*"))
     assert events and b"odin/bookkeeping_ms_per_task" in events[0].read_bytes()
 

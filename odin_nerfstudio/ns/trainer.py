@@ -21,12 +21,14 @@ checks that the replicas are still bit-identical.
 
 Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count and the runtime's counters
 (waits, re-runs, stale reads, bookkeeping per task). At the end the runtime's timeline is written as a Chrome trace
-(`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto.
+(`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto, and its counters as
+`odin_counters.json` (`odin_counters_rank<r>.json`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Literal, Type
 
@@ -40,6 +42,7 @@ from odin_nerfstudio.runtime import OdinRuntimeConfig
 from odin_nerfstudio.selective_adam import SelectiveAdam
 
 TIMELINE_FILENAME = "odin_timeline.json"
+COUNTERS_FILENAME = "odin_counters.json"
 
 
 @dataclass
@@ -239,12 +242,20 @@ class OdinTrainer(Trainer):
         if self.world_size > 1:
             self._check_replicas(self.step)
         if self.config.export_timeline:
-            name = TIMELINE_FILENAME if self.world_size == 1 else f"odin_timeline_rank{self.local_rank}.json"
-            path = self.runtime.timeline.export_chrome_trace(self.base_dir / name)
+            path = self.runtime.timeline.export_chrome_trace(self.base_dir / self._per_rank(TIMELINE_FILENAME))
             CONSOLE.log(f"Odin timeline (Chrome trace, opens in Perfetto): {path}")
+        counters = json.dumps(dataclasses.asdict(self.runtime.counters), indent=1)
+        (self.base_dir / self._per_rank(COUNTERS_FILENAME)).write_text(counters)
         metrics = self._odin_metrics()
         CONSOLE.log("Odin: " + ", ".join(f"{name} {value:g}" for name, value in metrics.items()))
         super()._after_train()
+
+    def _per_rank(self, filename: str) -> str:
+        """``filename`` in a one-process run, ``<stem>_rank<r><suffix>`` with the global rank otherwise."""
+        if self.world_size == 1:
+            return filename
+        stem, suffix = filename.rsplit(".", 1)
+        return f"{stem}_rank{self.pipeline.datamanager.rank}.{suffix}"
 
     def _check_replicas(self, step: int) -> None:
         """Settle, then compare every rank's replica with rank 0's (a collective at the same step on every rank)."""
