@@ -250,9 +250,13 @@ class RuntimeCounters:
         stale_reads: every admitted stale read (throughput), also those of a read later re-run (``kept`` False).
         publications: steps published.
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
-            publish), the outermost call only, less the render and backward of the re-runs they execute.
+            publish), the outermost call only, less the render and backward of the re-runs they execute and
+            less their time in the transport (``comm_ns``).
         render_ns: wall time in ``render_fn``, re-runs included.
         backward_ns: wall time in ``loss.backward()``, re-runs included.
+        comm_ns: wall time inside the transport's calls (``start_exchange``, a handle's ``done`` and ``wait``),
+            from the hooks and from :meth:`OdinRuntime.await_publication`: communication and waiting for the
+            other workers, not Odin's bookkeeping.
     """
 
     tasks: int = 0
@@ -265,6 +269,7 @@ class RuntimeCounters:
     bookkeeping_ns: int = 0
     render_ns: int = 0
     backward_ns: int = 0
+    comm_ns: int = 0
 
     @property
     def stale_reads_kept(self) -> int:
@@ -287,17 +292,18 @@ class ReadRecord:
 
 
 _Hook = TypeVar("_Hook", bound=Callable[..., Any])
+_Result = TypeVar("_Result")
 
 
 def _bookkeeping(hook: _Hook) -> _Hook:
     """Time a hook into ``counters.bookkeeping_ns``: Odin's own cost per step, which must stay small.
 
     Only the outermost hook call is timed (after_backward -> progress -> publish and read_next -> before_read
-    count once), and the render and backward time of re-runs executed inside it is subtracted, so the counter
-    holds the runtime's culling, conflict checks, gathers, staging, validation, exchange starts and
-    publications, never the renderer's work. On CUDA the hook's kernels queued on the current stream are waited
-    for before the clock stops (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to
-    the next render.
+    count once), and the render and backward time of re-runs executed inside it is subtracted, as is its time in
+    the transport (``comm_ns``: sending, and waiting for the other workers), so the counter holds the runtime's
+    culling, conflict checks, gathers, staging, validation and publications, never the renderer's work nor
+    communication. On CUDA the hook's kernels queued on the current stream are waited for before the clock stops
+    (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to the next render.
     """
 
     @functools.wraps(hook)
@@ -306,17 +312,22 @@ def _bookkeeping(hook: _Hook) -> _Hook:
             return hook(self, *args, **kwargs)
         counters = self.counters
         self._in_hook = True
-        rendering = counters.render_ns + counters.backward_ns
+        others = _not_bookkeeping_ns(counters)
         start = Timeline.now()
         try:
             return hook(self, *args, **kwargs)
         finally:
             _synchronize(self.device)
             elapsed = Timeline.now() - start
-            counters.bookkeeping_ns += elapsed - (counters.render_ns + counters.backward_ns - rendering)
+            counters.bookkeeping_ns += elapsed - (_not_bookkeeping_ns(counters) - others)
             self._in_hook = False
 
     return timed  # type: ignore[return-value]
+
+
+def _not_bookkeeping_ns(counters: RuntimeCounters) -> int:
+    """The time counted elsewhere that a hook may contain: re-runs' render and backward, and transport calls."""
+    return counters.render_ns + counters.backward_ns + counters.comm_ns
 
 
 def _synchronize(device: torch.device) -> None:
@@ -564,7 +575,7 @@ class OdinRuntime:
                         changed = True
             step = self.published_through + 1
             handles = self._handles.get(step, {})
-            if len(handles) == self.config.num_workers and all(h.done() for h, _ in handles.values()):
+            if len(handles) == self.config.num_workers and all(self._in_transport(h.done) for h, _ in handles.values()):
                 self.publish(step)
                 changed = True
 
@@ -582,7 +593,7 @@ class OdinRuntime:
         if len(handles) < self.config.num_workers:
             return False
         for handle, _ in handles.values():
-            handle.wait(timeout)
+            self._in_transport(handle.wait, timeout)
         self.progress()
         return True
 
@@ -596,6 +607,15 @@ class OdinRuntime:
         if len(tasks_per_worker) != self.config.num_workers or min(tasks_per_worker) < 0:
             raise ValueError(f"step {step}: a plan needs one task count (>= 0) per worker")
         self._step_plans[step] = tuple(int(n) for n in tasks_per_worker)
+
+    def _in_transport(self, call: Callable[..., _Result], *args: Any) -> _Result:
+        """``call(*args)``, a transport call, its wall time counted in ``counters.comm_ns``: sending and waiting
+        for the other workers is communication, which the hooks' bookkeeping time leaves out."""
+        start = Timeline.now()
+        try:
+            return call(*args)
+        finally:
+            self.counters.comm_ns += Timeline.now() - start
 
     def _open_empty_step(self) -> None:
         """Open the slot of the next step to publish if no local worker has a task in it: no read opens it, yet
@@ -632,7 +652,7 @@ class OdinRuntime:
                 self.final_reads[key] = self.reads[key]
         start = self.timeline.now()
         update = self.shadow.local_update(step, worker, self.params)
-        handle = self.transports[worker].start_exchange(step, update)
+        handle = self._in_transport(self.transports[worker].start_exchange, step, update)
         self._handles.setdefault(step, {})[worker] = (handle, start)
 
     def _validate(self, task: Task) -> tuple[list[str], Tensor]:
@@ -719,7 +739,7 @@ class OdinRuntime:
             raise RuntimeError(f"publish({step}) out of order: last published step is {self.published_through}")
         start = self.timeline.now()
         handles = self._handles.pop(step)
-        merged = handles[0][0].wait(self.config.wait_timeout_s)
+        merged = self._in_transport(handles[0][0].wait, self.config.wait_timeout_s)
         for worker, (_, comm_start) in sorted(handles.items()):
             self.timeline.record("comm", worker, step, comm_start)
         if waw(merged.rows, step, self._unpublished_writes(step)).any:

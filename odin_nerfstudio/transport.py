@@ -9,10 +9,11 @@ a backend: the in-process :class:`VirtualTransport` serves virtual workers, and 
 Every wait has a timeout and its error names what it waited for.
 
 :class:`DistributedTransport` is the torch.distributed backend: all ranks issue the same collectives in the same
-order (exchanges start in step order), first an all_gather of a header (row count, statistics entries, tasks
-with statistics), then async all_gathers of the indices (rows, statistics' rows, each task's entry count), the
-packed gradient rows and, when any rank has statistics, their values (grad2d, radii), each padded to the longest
-of any rank, merged in rank order on every rank. A rank with no task in a step still sends its empty update.
+order (exchanges start in step order), every one asynchronous: an all_gather of a header (row count, statistics
+entries, tasks with statistics), and once it has arrived all_gathers of the indices (rows, statistics' rows, each
+task's entry count), the packed gradient rows and, when any rank has statistics, their values (grad2d, radii),
+each padded to the longest of any rank, merged in rank order on every rank. Starting an exchange never blocks.
+A rank with no task in a step still sends its empty update.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import dataclasses
 import datetime
 import math
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -204,48 +206,86 @@ def _unpack_stats(indices: Tensor, values: Tensor, sizes: _Sizes, longest: _Size
     return tuple(TaskStats(rows=r, grad2d=v[:, 0], radii=v[:, 1]) for r, v in zip(rows, entries, strict=True))
 
 
+@dataclass(frozen=True)
+class _Payload:
+    """The payload all_gathers of an exchange, issued once the header is in: every rank's sizes, the works and
+    their outputs (the statistics' values only when some rank has statistics)."""
+
+    sizes: list[_Sizes]
+    works: list[Any]
+    indices: list[Tensor]
+    packed: list[Tensor]
+    stat_values: list[Tensor] | None
+
+
 class DistributedHandle:
-    """Handle of a torch.distributed exchange: the payload all_gathers in flight."""
+    """Handle of a torch.distributed exchange: its header all_gather in flight, then its payload all_gathers.
+
+    The payload is issued by the first :meth:`done` or :meth:`wait` that finds the header arrived (it is sized
+    from every rank's header); :meth:`done` never blocks, :meth:`wait` blocks at most ``timeout`` in all.
+    """
 
     def __init__(
-        self,
-        step: int,
-        sizes: list[_Sizes],
-        works: list[Any],
-        indices: list[Tensor],
-        packed: list[Tensor],
-        stat_values: list[Tensor] | None,
-        template: dict[str, Tensor],
+        self, transport: DistributedTransport, step: int, local_update: SparseUpdate, headers: list[Tensor], work: Any
     ) -> None:
         self.step = step
-        self._sizes = sizes
-        self._longest = _longest(sizes)
-        self._works = works
-        self._indices = indices
-        self._packed = packed
-        self._stat_values = stat_values
-        self._template = template
+        self._transport = transport
+        self._local_update: SparseUpdate | None = local_update
+        self._headers = headers
+        self._header_work = work
+        self._payload: _Payload | None = None
         self._merged: SparseUpdate | None = None
 
     def done(self) -> bool:
-        return self._merged is not None or all(work.is_completed() for work in self._works)
+        """Never blocks: polls the header, issues the payload once it is in (waiting for the complete header returns
+        at once, raises if it failed, and on NCCL orders the current stream after the gather), polls the payload."""
+        if self._merged is not None:
+            return True
+        if self._payload is None:
+            if not self._header_work.is_completed():
+                return False
+            _wait(self._header_work, self._transport.timeout, self._what("row counts"))
+            self._start_payload()
+        return all(work.is_completed() for work in self._payload.works)
 
     def wait(self, timeout: float) -> SparseUpdate:
         if self._merged is None:
-            what = f"exchange of step {self.step}: the sparse rows of ranks 0..{len(self._sizes) - 1}"
-            for work in self._works:
-                _wait(work, timeout, what)
-            self._merged = sum_in_order([self._rank_update(rank) for rank in range(len(self._sizes))], self._template)
+            deadline = time.monotonic() + timeout
+            if self._payload is None:
+                _wait(self._header_work, min(timeout, self._transport.timeout), self._what("row counts"))
+                self._start_payload()
+            for work in self._payload.works:
+                _wait(work, deadline - time.monotonic(), self._what("sparse rows"))
+            self._merged = self._merge()
         return self._merged
 
-    def _rank_update(self, rank: int) -> SparseUpdate:
+    def _what(self, part: str) -> str:
+        """What a wait of this exchange waits for, for its errors: the step, the part and the ranks."""
+        return f"exchange of step {self.step}: the {part} of ranks 0..{self._transport.world_size - 1}"
+
+    def _start_payload(self) -> None:
+        """Issue the payload all_gathers, sized from the headers (their work waited for); the local update is then
+        let go."""
+        sizes = [_Sizes(*values) for values in torch.stack(self._headers).tolist()]
+        self._payload = self._transport.send_payload(self._local_update, sizes)
+        self._local_update = None
+
+    def _merge(self) -> SparseUpdate:
+        """Every rank's update summed in rank order (``sum_in_order``), their statistics listed in rank order."""
+        longest = _longest(self._payload.sizes)
+        updates = [self._rank_update(rank, longest) for rank in range(self._transport.world_size)]
+        return sum_in_order(updates, self._transport.template)
+
+    def _rank_update(self, rank: int, longest: _Sizes) -> SparseUpdate:
         """Rank ``rank``'s update as it sent it: rows, gradients and its tasks' statistics."""
-        sizes, indices = self._sizes[rank], self._indices[rank]
-        update = _unpack(indices[: sizes.rows], self._packed[rank][: sizes.rows], self._template)
+        payload = self._payload
+        sizes, indices = payload.sizes[rank], payload.indices[rank]
+        update = _unpack(indices[: sizes.rows], payload.packed[rank][: sizes.rows], self._transport.template)
         if sizes.tasks == 0:
             return update
-        values = indices.new_empty((0, 2), dtype=_STATS_DTYPE) if self._stat_values is None else self._stat_values[rank]
-        return dataclasses.replace(update, stats=_unpack_stats(indices, values, sizes, self._longest))
+        stat_values = payload.stat_values
+        values = indices.new_empty((0, 2), dtype=_STATS_DTYPE) if stat_values is None else stat_values[rank]
+        return dataclasses.replace(update, stats=_unpack_stats(indices, values, sizes, longest))
 
 
 def _longest(sizes: list[_Sizes]) -> _Sizes:
@@ -253,23 +293,40 @@ def _longest(sizes: list[_Sizes]) -> _Sizes:
     return _Sizes(*(max(getattr(s, f) for s in sizes) for f in ("rows", "entries", "tasks")))
 
 
+_SHORTEST_WAIT_S = 0.001
+"""A collective's wait takes milliseconds and 0 ms means "no timeout": a spent deadline still waits 1 ms."""
+
+
 def _wait(work: Any, timeout: float, what: str) -> None:
     """Wait for a collective; a timeout raises TimeoutError naming ``what``, other errors say what failed."""
     try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
+        work.wait(timeout=datetime.timedelta(seconds=max(timeout, _SHORTEST_WAIT_S)))
     except RuntimeError as error:
         if "timed out" in str(error).lower():
-            raise TimeoutError(f"waited {timeout} s for {what}") from error
+            raise TimeoutError(f"waited {timeout:.3g} s for {what}") from error
         raise RuntimeError(f"{what} failed: {error}") from error
 
 
 class DistributedTransport:
     """Sparse-update exchange over torch.distributed (gloo on CPU, NCCL on CUDA): one instance per rank.
 
+    Nothing blocks at :meth:`start_exchange`: it issues the header all_gather and returns, so a rank that commits
+    step s early goes on reading and rendering step s + 1 while the other ranks still compute step s. The payload
+    is issued later, by the handle's first ``done()`` or ``wait()`` that finds the header arrived.
+
+    Why every rank still issues the same collectives in the same order, header(s), payload(s), header(s + 1), ...:
+    the runtime commits (starts the exchange of) step s + 1 only once step s is published (``_ready_to_commit``),
+    and publishing s takes its merged update, which only exists once payload(s) was issued; payload(s) needs
+    header(s) arrived, so it comes after header(s). So one exchange at most is in flight per rank, and polling
+    ``done()`` at different moments on different ranks moves payload(s) in time, never past header(s + 1) or
+    another exchange. No other collective can slip in between: replica checks (``replicas.py``) and the trainer's
+    checkpoints run after ``settle`` (every started exchange published, nothing in flight), and the setup's
+    broadcasts run before training.
+
     Args:
         template: per parameter name, a tensor [N, ...] giving the gradient rows' trailing shape, dtype and
             device (every name must share one dtype).
-        timeout: seconds to wait for the row counts at :meth:`start_exchange`.
+        timeout: the longest a handle's ``wait`` waits for the row counts (the header), within its own timeout.
         group: the process group (default: the world).
     """
 
@@ -282,24 +339,31 @@ class DistributedTransport:
         self.group = group
         self.world_size = dist.get_world_size(group)
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the gradients and of every message."""
+        return next(iter(self.template.values())).device
+
     def start_exchange(self, step: int, local_update: SparseUpdate) -> DistributedHandle:
-        """All-gather the row counts (bounded by ``timeout``), then start the payload all_gathers: indices (rows,
-        statistics' rows, tasks' entry counts), gradient rows, and the statistics' values when any rank has some."""
-        device = next(iter(self.template.values())).device
-        header = torch.tensor(_sizes_of(local_update), dtype=torch.int64, device=device)
+        """Issue the async all_gather of the header (row count, statistics entries, tasks with statistics) and
+        return at once; the handle issues the payload when the header has arrived."""
+        header = torch.tensor(_sizes_of(local_update), dtype=torch.int64, device=self.device)
         headers = [torch.zeros_like(header) for _ in range(self.world_size)]
         work = dist.all_gather(headers, header, group=self.group, async_op=True)
-        _wait(work, self.timeout, f"exchange of step {step}: the row counts of ranks 0..{self.world_size - 1}")
-        sizes = [_Sizes(*values) for values in torch.stack(headers).tolist()]
+        return DistributedHandle(self, step, local_update, headers, work)
+
+    def send_payload(self, local_update: SparseUpdate, sizes: list[_Sizes]) -> _Payload:
+        """Issue the payload all_gathers, each padded to the longest of any rank: indices (rows, statistics' rows,
+        tasks' entry counts), gradient rows, and the statistics' values when any rank has some."""
         longest = _longest(sizes)
-        indices, indices_work = self._all_gather(_pack_indices(local_update, longest, device))
-        payloads, payloads_work = self._all_gather(_padded(_pack(local_update, self.template), longest.rows))
-        works = [indices_work, payloads_work]
+        indices, indices_work = self._all_gather(_pack_indices(local_update, longest, self.device))
+        packed, packed_work = self._all_gather(_padded(_pack(local_update, self.template), longest.rows))
+        works = [indices_work, packed_work]
         values = None
         if longest.entries:
-            values, values_work = self._all_gather(_pack_stat_values(local_update, longest, device))
+            values, values_work = self._all_gather(_pack_stat_values(local_update, longest, self.device))
             works.append(values_work)
-        return DistributedHandle(step, sizes, works, indices, payloads, values, self.template)
+        return _Payload(sizes, works, indices, packed, values)
 
     def _all_gather(self, tensor: Tensor) -> tuple[list[Tensor], Any]:
         """Start an async all_gather of ``tensor`` (one shape on every rank); returns the outputs and the work."""

@@ -1,7 +1,9 @@
 """Transports: the in-process exchange and torch.distributed over 2 gloo processes merge sparse updates (and list
-their task statistics) in worker order, bit for bit as ``sum_in_order``, and every wait times out with a message
-naming what it waited for. Training over 2 gloo ranks (one runtime each) ends bit-identical to the virtual barrier:
-with a rank left without a task in a short step, and with densification statistics driving a refinement."""
+their task statistics) in worker order, bit for bit as ``sum_in_order``; starting an exchange never blocks, and
+every wait times out with a message naming what it waited for. Training over 2 gloo ranks (one runtime each) ends
+bit-identical to the virtual barrier: with a rank left without a task in a short step, with densification
+statistics driving a refinement, and with a fast rank rendering its next step while a slow rank still renders.
+Time blocked on the transport is counted as communication, never as bookkeeping."""
 
 from __future__ import annotations
 
@@ -18,14 +20,26 @@ import torch.multiprocessing as mp
 from gsplat.strategy import DefaultStrategy
 
 from odin_nerfstudio.refine import apply_structural_change
-from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig, RenderFn
 from odin_nerfstudio.selective_adam import selective_adams
 from odin_nerfstudio.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.step_driver import run_step, settle
 from odin_nerfstudio.strategy_stats import TaskStats
+from odin_nerfstudio.tasks import Task
 from odin_nerfstudio.transport import DistributedTransport, Transport, VirtualTransport
 from odin_nerfstudio.virtual import run_virtual
 from tests.test_runtime import epoch_schedule
-from tests.toy_scene import LRS, assert_identical, make_params, make_schedule, render, render_gsplat, snapshot
+from tests.toy_scene import (
+    LRS,
+    assert_identical,
+    camera,
+    make_params,
+    make_runtime,
+    make_schedule,
+    render,
+    render_gsplat,
+    snapshot,
+)
 
 N = 30
 STEPS = 3
@@ -81,22 +95,25 @@ def test_virtual_transport_merges_in_worker_order_and_times_out_by_name() -> Non
 
 
 def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
-    """One gloo rank: exchange STEPS updates, then rank 0 starts an exchange rank 1 never joins."""
+    """One gloo rank: exchange STEPS updates, then rank 0 starts an exchange rank 1 never joins and waits 1 s."""
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-        transport = DistributedTransport(template(), timeout=1.0)
+        transport = DistributedTransport(template(), timeout=30.0)
         handles = [transport.start_exchange(step, local_update(step, rank)) for step in range(STEPS)]
         merged = [handle.wait(timeout=30.0) for handle in handles]
         saved = [(m.rows, m.grads, [(s.rows, s.grad2d, s.radii) for s in m.stats]) for m in merged]
         torch.save(saved, Path(out_dir) / f"merged{rank}.pt")
         if rank == 0:
+            handle = transport.start_exchange(STEPS, local_update(STEPS, 0))
+            started = time.monotonic()
             try:
-                transport.start_exchange(STEPS, local_update(STEPS, 0))
+                handle.wait(timeout=1.0)
                 message = "no timeout"
             except TimeoutError as error:
                 message = str(error)
-            (Path(out_dir) / "timeout.txt").write_text(message)
+            waited = time.monotonic() - started
+            (Path(out_dir) / "timeout.txt").write_text(f"{handle.done()} {waited}\n{message}")
         else:
             time.sleep(3.0)
     except BaseException:
@@ -113,7 +130,9 @@ def test_gloo_transport_merges_like_sum_in_order_and_names_its_timeouts(tmp_path
         for step, (rows, grads, stats) in enumerate(merged):
             expected = sum_in_order([local_update(step, w) for w in range(2)], template())
             assert_same(SparseUpdate(rows, grads, tuple(TaskStats(*s) for s in stats)), expected)
-    message = (tmp_path / "timeout.txt").read_text()
+    status, message = (tmp_path / "timeout.txt").read_text().split("\n", 1)
+    done, waited = status.split()
+    assert done == "False" and float(waited) < 10.0, "the wait is bounded by its own timeout, not the transport's"
     assert f"step {STEPS}" in message and "row counts" in message and "ranks 0..1" in message
 
 
@@ -241,3 +260,131 @@ def test_two_gloo_ranks_share_densification_statistics_and_refine_identically(tm
     grads = barrier["refined.grad2d"] / counts
     assert (grads > DENSIFY.grow_grad2d).any() and (grads <= DENSIFY.grow_grad2d).any()
     assert barrier["means"].shape[0] != 60 and barrier["strategy.radii"].any()
+
+
+SLOW_S = 2.0
+"""How long the slow rank keeps rendering once the fast rank has shown what it did meanwhile."""
+SIGNAL_S = 30.0
+"""The longest a rank waits for the other's signal file (a blocking exchange never sends it: the test fails)."""
+
+
+def overlap_schedule() -> list:
+    """Two steps of one task per worker (W = 2) in the sparse ring of 12 views: worker 0 renders views 0 then 6,
+    worker 1 views 3 then 9; a worker's two views face opposite ways, so its step-1 read has no RAW on its step 0."""
+    views = ((0, 3), (6, 9))
+    return [
+        [[Task(step, worker, 0, view, camera(view, 12, focal_scale=2.0))] for worker, view in enumerate(step_views)]
+        for step, step_views in enumerate(views)
+    ]
+
+
+def rank_runtime(rank: int, render_fn: RenderFn) -> tuple[OdinRuntime, list]:
+    """A quality-first runtime for ``rank`` of 2 over gloo (one worker), and the rank's part of the schedule."""
+    params = make_params()
+    runtime = OdinRuntime(
+        OdinRuntimeConfig(mode="quality", wait_timeout_s=60.0),
+        params,
+        selective_adams(params, LRS),
+        [DistributedTransport(params, timeout=60.0)],
+        render_fn,
+    )
+    schedule = [[[dataclasses.replace(task, worker=0) for task in step[rank]]] for step in overlap_schedule()]
+    return runtime, schedule
+
+
+def appears(path: Path, timeout: float = SIGNAL_S) -> bool:
+    """Whether ``path`` exists within ``timeout`` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def counters_of(runtime: OdinRuntime) -> dict:
+    """The counters the tests look at."""
+    counters = runtime.counters
+    return {"waits": counters.waits, "comm_ns": counters.comm_ns, "bookkeeping_ns": counters.bookkeeping_ns}
+
+
+def _overlap_rank_main(rank: int, init_file: str, out_dir: str) -> None:
+    """Rank 0 runs its steps 0 and 1 with the step driver, then settles; rank 1 does the same, but its render of
+    step 0 first waits for rank 0's step-1 render (noting whether it came) and then sleeps SLOW_S."""
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+
+        def render_fn(task: Task, leaves: dict, generator: torch.Generator):
+            if rank == 1 and task.step == 0:
+                (out / "overlap.txt").write_text(str(appears(out / "rank0_rendered_step1")))
+                time.sleep(SLOW_S)
+            result = render(task, leaves, generator)
+            if rank == 0 and task.step == 1:
+                (out / "rank0_rendered_step1").touch()
+            return result
+
+        runtime, schedule = rank_runtime(rank, render_fn)
+        for step, step_tasks in enumerate(schedule):
+            run_step(runtime, step, step_tasks)
+        settle(runtime)
+        torch.save({"snapshot": snapshot(runtime), **counters_of(runtime)}, out / f"overlap{rank}.pt")
+    except BaseException:
+        (out / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def test_a_fast_rank_renders_its_next_step_while_a_slow_rank_still_renders(tmp_path: Path) -> None:
+    """Rank 1 renders step 0 until rank 0 has started the exchange of step 0 and read and rendered its step-1 task,
+    which a blocking start of the exchange (waiting for every rank's row counts) would never let it do. Rank 0 then
+    waits for rank 1 in ``settle``: that wait is communication (comm_ns), not bookkeeping. Both replicas end
+    bit-identical to the virtual barrier of the same schedule."""
+    mp.spawn(_overlap_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    assert (tmp_path / "overlap.txt").read_text() == "True", "rank 0 did not render step 1 before rank 1 committed"
+    results = [torch.load(tmp_path / f"overlap{rank}.pt") for rank in range(2)]
+    fast = results[0]
+    assert fast["waits"] == {}, "rank 0's step-1 read should never wait"
+    assert fast["comm_ns"] >= 0.5 * SLOW_S * 1e9 > fast["bookkeeping_ns"]
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier", num_workers=2), make_params())
+    run_virtual(barrier, overlap_schedule())
+    for result in results:
+        assert_identical(result["snapshot"], snapshot(barrier))
+
+
+def _comm_rank_main(rank: int, init_file: str, out_dir: str) -> None:
+    """Rank 0 runs its step-0 task (starting the exchange), signals, and publishes step 0 at once: a hook that
+    blocks on the transport until rank 1, which sleeps SLOW_S after the signal, has sent its part."""
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        runtime, schedule = rank_runtime(rank, render)
+        ((tasks,), _) = schedule
+        if rank == 0:
+            assert runtime.run_next(tasks) == tasks[0]
+            (out / "rank0_started_step0").touch()
+            runtime.publish(0)
+        else:
+            if not appears(out / "rank0_started_step0"):
+                raise TimeoutError("rank 0 never started the exchange of step 0")
+            time.sleep(SLOW_S)
+            assert runtime.run_next(tasks) == tasks[0]
+            settle(runtime)
+        torch.save(counters_of(runtime), out / f"comm{rank}.pt")
+    except BaseException:
+        (out / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def test_time_blocked_on_the_transport_inside_a_hook_is_comm_not_bookkeeping(tmp_path: Path) -> None:
+    """Rank 0's publish hook waits about SLOW_S for rank 1's update: that time lands in comm_ns and is left out of
+    bookkeeping_ns, which holds only the runtime's own work (far below the wait)."""
+    mp.spawn(_comm_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    waiting = torch.load(tmp_path / "comm0.pt")
+    assert waiting["comm_ns"] >= 0.5 * SLOW_S * 1e9 > waiting["bookkeeping_ns"]
+    assert torch.load(tmp_path / "comm1.pt")["comm_ns"] > 0
