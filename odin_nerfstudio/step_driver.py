@@ -19,8 +19,12 @@ from odin_nerfstudio.runtime import OdinRuntime, Wait
 from odin_nerfstudio.tasks import Task
 
 
-def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]]) -> None:
+def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]], read_after: int = -1) -> None:
     """Run the local workers' tasks of ``step`` (``step_tasks[w]``: worker w's tasks, possibly none).
+
+    ``read_after``: the last step that must be published before any task of this step reads. A schedule's overlap
+    window names the earlier steps a step may run beside; reading beside an older one is optimistic and, when that
+    step writes what the read needs, ends in a re-run, so a trainer passes ``step - len(window) - 1``.
 
     Raises:
         ValueError: if the tasks do not belong to ``step`` or their worker ids are not the list positions.
@@ -37,6 +41,7 @@ def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task
     counts = [len(tasks) for tasks in step_tasks]
     if counts != [config.tasks_per_worker] * config.num_workers:
         runtime.plan_step(step, counts)
+    await_published(runtime, read_after)
     remaining = {worker: list(tasks) for worker, tasks in enumerate(step_tasks) if tasks}
     while remaining:
         published = runtime.published_through
@@ -56,6 +61,21 @@ def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task
             reasons = {worker: (wait.reason, wait.step) for worker, wait in waits.items()}
             raise RuntimeError(f"step {step}: no local worker can read and no publication is pending: {reasons}")
     runtime.progress()
+
+
+def await_published(runtime: OdinRuntime, step: int) -> None:
+    """Block until ``step`` is published (each wait bounded by ``wait_timeout_s``).
+
+    Raises:
+        RuntimeError: if this process has not yet sent its part of a step up to ``step`` (it would wait forever).
+    """
+    runtime.progress()
+    while runtime.published_through < step:
+        if not runtime.await_publication(runtime.config.wait_timeout_s):
+            raise RuntimeError(
+                f"waiting for step {step} to be published, but this process has not sent its part of step "
+                f"{runtime.published_through + 1} yet"
+            )
 
 
 def settle(runtime: OdinRuntime) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,4 +45,23 @@ def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
     assert "Quality-first ended bit-identical to barrier in every run: yes" in result.stdout
     assert "**bookkeeping share of step time**" in result.stdout
     assert "**peak shadow memory / parameters**" in result.stdout
+    assert "updated" not in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_train_quick_trains_every_mode_on_two_ranks_and_writes_nothing() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_train.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    header = "| figure | barrier | quality | throughput |"
+    assert header in result.stdout and "**views/s**" in result.stdout
+    psnr = [line for line in result.stdout.splitlines() if line.startswith("| **held-out PSNR**")]
+    values = psnr[0].split("|")[2:5]
+    assert values[0] == values[1], "quality-first ends at the barrier's model, so at its PSNR"
     assert "updated" not in result.stdout

@@ -11,12 +11,12 @@ all of the step's tasks through Odin's runtime, and reads `schedule`, `workers` 
 a rank without a task in a short step still takes part in that step's exchange. `next_train` below serves a
 plain nerfstudio loop (one task per iteration), as a pipeline built on this datamanager without the runtime has.
 
-Which task an iteration gets from `next_train`. Worker w's task sequence is the concatenation, over the schedule's global steps,
-of ``step.tasks[w]``; a process of rank r in a world of N processes runs the workers r, r + N, r + 2N, ... of
-the schedule (W must be a multiple of N; with the default W = N, rank r is worker r) and its sequence
-interleaves them step by step, worker by worker. Iteration i gets the i-th task of that sequence:
-``next_train(i)`` is a pure function of i (the same step always gives the same camera, so a resumed run, which
-nerfstudio restarts at the checkpoint's step + 1, continues exactly), and epochs follow one another seamlessly.
+Which task an iteration gets from `next_train`. Worker w's task sequence is the concatenation, over the schedule's
+global steps, of ``step.tasks[w]``; a process of rank r in a world of N processes runs the workers r, r + N, r + 2N,
+... of the schedule (W must be a multiple of N; with the default W = N, rank r is worker r) and its sequence
+interleaves them step by step, worker by worker. Iteration i gets the i-th task of that sequence: ``next_train(i)``
+is a pure function of i (the same step always gives the same camera, so a resumed run, which nerfstudio restarts at
+the checkpoint's step + 1, continues exactly), and epochs follow one another seamlessly.
 
 Short last steps and idle workers. When S = W x B does not divide V, an epoch's last step holds V mod S views,
 at most ceil((V mod S) / W) per worker, and some workers get fewer tasks than others or none. Such a rank does not

@@ -69,6 +69,9 @@ class OdinTrainerConfig(TrainerConfig):
     """Write the runtime's timeline as a Chrome trace in the run folder at the end of training."""
     replica_check_every: int = 500
     """Steps between checks that every rank's replica is bit-identical (distributed runs; 0: at the end only)."""
+    follow_overlap_window: bool = True
+    """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
+    low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
 
 
 class OdinTrainer(Trainer):
@@ -203,7 +206,9 @@ class OdinTrainer(Trainer):
             runtime.remap(
                 apply_structural_change(model.strategy, runtime.params, runtime.optimizers, state, step - 1, seed)
             )
-        run_step(runtime, step, self._step_tasks(step))
+        window = self.pipeline.datamanager.schedule.at(step).overlap_window
+        read_after = step - len(window) - 1 if self.config.follow_overlap_window else -1
+        run_step(runtime, step, self._step_tasks(step), read_after)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)
