@@ -20,7 +20,7 @@ worker with its own replica: rank 0's initial Gaussians are broadcast, the pipel
 checks that the replicas are still bit-identical.
 
 Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count and the runtime's counters
-(waits, re-runs, stale reads, bookkeeping per task). At the end the runtime's timeline is written as a Chrome trace
+(waits, re-runs, stale reads, bookkeeping and communication per task). At the end the runtime's timeline is written as a Chrome trace
 (`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto, and its counters as
 `odin_counters.json` (`odin_counters_rank<r>.json`).
 """
@@ -225,6 +225,7 @@ class OdinTrainer(Trainer):
             "odin/reruns": float(counters.reruns),
             "odin/stale_reads": float(len(counters.stale_reads)),
             "odin/bookkeeping_ms_per_task": counters.bookkeeping_ns / 1e6 / max(counters.tasks, 1),
+            "odin/comm_ms_per_task": counters.comm_ns / 1e6 / max(counters.tasks, 1),
         }
 
     def eval_iteration(self, step: int) -> None:
