@@ -183,6 +183,12 @@ def rank_cells(run: ModeRun, how: str) -> str:
     return " / ".join(cells)
 
 
+def failures(run: ModeRun) -> str:
+    """Validation failures summed over ranks, by kind."""
+    kinds = ("stale", "candidate", "escape")
+    return ", ".join(str(sum(c["validation_failures"].get(kind, 0) for c in run.counters)) for kind in kinds)
+
+
 def mode_rows(run: ModeRun) -> list[tuple[str, str]]:
     """The table's rows for one mode."""
     spans = [run.span_s(r) for r in range(len(run.counters))]
@@ -198,6 +204,7 @@ def mode_rows(run: ModeRun) -> list[tuple[str, str]]:
         ("idle share per rank (span outside render, backward, bookkeeping)", rank_cells(run, "idle")),
         ("conflict rate (RAW waits per task)", f"{raw / max(run.tasks, 1):.2f}"),
         ("fallback rate (re-runs per task)", f"{sum(c['reruns'] for c in run.counters) / max(run.tasks, 1):.3f}"),
+        ("validation failures by kind (stale read, candidate set moved, escape)", failures(run)),
         (
             "stale reads admitted, kept; max staleness",
             f"{len(stale)}, {len(kept)}; {max((s['staleness'] for s in stale), default=0)}",
