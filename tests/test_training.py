@@ -89,6 +89,8 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
     assert "--pipeline.model.rasterize-mode" in options
     for odin_option in ("num-workers", "views-per-step", "schedule-seed"):
         assert f"--pipeline.datamanager.{odin_option}" in options
+    for runtime_option in ("--runtime.mode", "--runtime.ring-slots", "--follow-overlap-window", "--check-escapes"):
+        assert runtime_option in options
 
 
 def test_a_broken_optional_import_does_not_break_ns_train() -> None:
