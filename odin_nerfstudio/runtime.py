@@ -68,7 +68,10 @@ workers, one runtime, an in-process transport. Distributed: one runtime per rank
 carry ``worker=0``) and a :class:`~odin_nerfstudio.transport.DistributedTransport`, which merges the ranks'
 updates (and their tasks' statistics) in rank order; the RAW check then sees only the rank's own pending writes,
 and the other ranks' writes are caught by the validation against the merged publications (re-run in
-quality-first), so the result is still the barrier's. Candidate sets are not exchanged between ranks.
+quality-first), so the result is still the barrier's. Candidate sets are not exchanged between ranks; a rank that
+knows the other ranks' tasks from the shared schedule can :meth:`OdinRuntime.expect` them, and their candidate sets,
+culled on its own replica, then count as pending writes, so its reads wait for a conflicting publication instead of
+being re-run after it.
 """
 
 from __future__ import annotations
@@ -398,6 +401,8 @@ class OdinRuntime:
         self._step_plans: dict[int, tuple[int, ...]] = {}
         self._admissions: dict[tuple[int, int, int], StaleRead] = {}
         self._bounds: BoundingSpheres | None = None
+        self._expected: dict[int, list[Task]] = {}
+        self._expected_rows: dict[int, Tensor] = {}
         self._in_hook = False
         self._bounding_spheres()
 
@@ -434,7 +439,33 @@ class OdinRuntime:
         return self._bounding_spheres().rows_in(self._candidate_region(task))
 
     def _unpublished_writes(self, before_step: int) -> list[StepRows]:
-        return [slot.writes() for slot in self.shadow.open_slots() if slot.step < before_step]
+        """What unpublished steps < ``before_step`` may write: the local tasks' declared candidate sets and staged
+        rows, and the candidate sets of the tasks other processes run in them (:meth:`expect`)."""
+        local = [slot.writes() for slot in self.shadow.open_slots() if slot.step < before_step]
+        return local + self._expected_writes(before_step)
+
+    def expect(self, tasks: Sequence[Task]) -> None:
+        """Tasks other processes run (a distributed run knows them from the shared schedule).
+
+        Until their step is published, their candidate sets, culled on this replica when first needed, count as
+        that step's pending writes, so a read that would miss one of them waits for the publication instead of
+        reading early and being re-run after validation. A prediction only: validation still decides.
+        """
+        for task in tasks:
+            self._expected.setdefault(task.step, []).append(task)
+
+    def _expected_writes(self, before_step: int) -> list[StepRows]:
+        """The candidate sets of the expected tasks of unpublished steps < ``before_step``, one union per step."""
+        for step in [s for s in self._expected if s <= self.published_through]:
+            del self._expected[step]
+            self._expected_rows.pop(step, None)
+        writes = []
+        for step in sorted(s for s in self._expected if s < before_step):
+            if step not in self._expected_rows:
+                sets = [self._candidate_set(task) for task in self._expected[step]]
+                self._expected_rows[step] = union_sorted(sets, self.device)
+            writes.append(StepRows(step, self._expected_rows[step]))
+        return writes
 
     def _count_wait(self, wait: Wait) -> Wait:
         self.counters.waits[wait.reason] = self.counters.waits.get(wait.reason, 0) + 1
@@ -868,6 +899,7 @@ class OdinRuntime:
         if self.config.spatial_order:
             index_map = index_map.index_select(0, self._restore_spatial_order())
         self.tables = self.tables.remap(index_map)
+        self._expected_rows.clear()
         self._bounds = None
         self._bounding_spheres()
         self._recent_publications.clear()

@@ -20,9 +20,9 @@ worker with its own replica: rank 0's initial Gaussians are broadcast, the pipel
 checks that the replicas are still bit-identical.
 
 Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count and the runtime's counters
-(waits, re-runs, stale reads, bookkeeping and communication per task). At the end the runtime's timeline is written as a Chrome trace
-(`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto, and its counters as
-`odin_counters.json` (`odin_counters_rank<r>.json`).
+(waits, re-runs, stale reads, bookkeeping and communication per task). At the end the runtime's timeline is written
+as a Chrome trace (`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto, and
+its counters as `odin_counters.json` (`odin_counters_rank<r>.json`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ class OdinTrainerConfig(TrainerConfig):
     """Write the runtime's timeline as a Chrome trace in the run folder at the end of training."""
     replica_check_every: int = 500
     """Steps between checks that every rank's replica is bit-identical (distributed runs; 0: at the end only)."""
+    expect_remote_writes: bool = True
+    """Distributed: treat the candidate sets of the other ranks' tasks (known from the schedule, culled here) as
+    pending writes of their step, so a read that would miss one waits instead of being re-run after validation."""
     follow_overlap_window: bool = True
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
@@ -177,18 +180,27 @@ class OdinTrainer(Trainer):
 
     def _step_tasks(self, step: int) -> list:
         """The local workers' tasks of schedule step ``step`` (worker ids are local positions)."""
+        views = self.pipeline.datamanager.schedule.at(step).tasks
+        return [
+            [self._task(step, local, index, view) for index, view in enumerate(views[worker])]
+            for local, worker in enumerate(self.local_workers)
+        ]
+
+    def _remote_tasks(self, step: int) -> list:
+        """The tasks other processes run in schedule step ``step`` (worker ids are the schedule's)."""
+        views = self.pipeline.datamanager.schedule.at(step).tasks
+        remote = [worker for worker in range(len(views)) if worker not in self.local_workers]
+        return [self._task(step, worker, index, view) for worker in remote for index, view in enumerate(views[worker])]
+
+    def _task(self, step: int, worker: int, index: int, view: int):
+        """A runtime task of ``view`` (its camera built once per view)."""
         from odin_nerfstudio.ns.splat_runtime import odin_camera
         from odin_nerfstudio.tasks import Task
 
-        views = self.pipeline.datamanager.schedule.at(step).tasks
-        cameras = self.pipeline.datamanager.train_dataset.cameras
-        tasks = []
-        for local, worker in enumerate(self.local_workers):
-            for index, view in enumerate(views[worker]):
-                if view not in self._cameras:
-                    self._cameras[view] = odin_camera(cameras, view, self.pipeline.model.device)
-                tasks.append(Task(step, local, index, view, self._cameras[view]))
-        return [[task for task in tasks if task.worker == local] for local in range(len(self.local_workers))]
+        if view not in self._cameras:
+            cameras = self.pipeline.datamanager.train_dataset.cameras
+            self._cameras[view] = odin_camera(cameras, view, self.pipeline.model.device)
+        return Task(step, worker, index, view, self._cameras[view])
 
     def train_iteration(self, step: int):
         """Schedule step ``step``: a structural change due after step - 1, then the local tasks through the runtime.
@@ -208,6 +220,8 @@ class OdinTrainer(Trainer):
             )
         window = self.pipeline.datamanager.schedule.at(step).overlap_window
         read_after = step - len(window) - 1 if self.config.follow_overlap_window else -1
+        if self.config.expect_remote_writes:
+            runtime.expect(self._remote_tasks(step))
         run_step(runtime, step, self._step_tasks(step), read_after)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
