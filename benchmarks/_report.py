@@ -40,6 +40,14 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
         handle.truncate()
 
 
+def publish(name: str, text: str, output: Path | None) -> None:
+    """Print benchmark ``name``'s section and, unless ``output`` is None, write it into that file."""
+    print(text)
+    if output is not None:
+        write_section(name, text, output)
+        print(f"updated {output}")
+
+
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
     cpuinfo = Path("/proc/cpuinfo")

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _report import BENCHMARKS, cpu_name, write_section
+from _report import BENCHMARKS, cpu_name, publish
 from torch import Tensor
 
 from odin_nerfstudio.candidates import BoundingSpheres, Camera, CullRegion, candidate_set
@@ -670,10 +670,7 @@ def main(argv: list[str] | None = None) -> None:
             results.append(run_mode(scene, "quality", args, escapes=True))
         runs.append(StreetRun(scene, results, culling_ms(scene)))
     text = report(args, command, runs)
-    print(text)
-    if not args.no_write:
-        write_section(NAME, text, args.output)
-        print(f"updated {args.output}")
+    publish(NAME, text, None if args.no_write else args.output)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _report import BENCHMARKS, cpu_name, write_section
+from _report import BENCHMARKS, cpu_name, publish
 
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
@@ -252,10 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         scene = make_street(args, folder)
         runs = [train_mode(args, scene, folder, mode) for mode in args.modes]
     text = report(args, command, runs)
-    print(text)
-    if not args.no_write:
-        write_section(NAME, text, args.output)
-        print(f"updated {args.output}")
+    publish(NAME, text, None if args.no_write else args.output)
 
 
 if __name__ == "__main__":
