@@ -36,7 +36,6 @@ section between ``<!-- bench_runtime:start -->`` and ``<!-- bench_runtime:end --
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import shlex
@@ -61,7 +60,7 @@ from odin_nerfstudio.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.selective_adam import selective_adams
 from odin_nerfstudio.shadow import MEMORY_KINDS
 from odin_nerfstudio.sparse import tensor_bytes
-from odin_nerfstudio.synth import GaussianWorld, intrinsics, look_at, street_world
+from odin_nerfstudio.synth import GaussianWorld, intrinsics, street_rig_cameras, street_world
 from odin_nerfstudio.tasks import Task
 from odin_nerfstudio.transport import VirtualTransport
 from odin_nerfstudio.virtual import VirtualRunReport, run_virtual
@@ -251,21 +250,8 @@ def variants(args: argparse.Namespace) -> list[Variant]:
 
 
 def rig_cameras(variant: Variant, spacing: float, device: torch.device) -> list[Camera]:
-    """A street-scan rig: per position along the street a left and a right camera at 1.6 m (70 deg FOV).
-
-    Positions every ``spacing`` m, 2 m from each end; cameras look at the facades (yaw +-90 deg), turned 20 deg
-    forward and backward at alternate positions so that neighbouring views overlap, and 8 deg down.
-    """
-    positions = np.arange(2.0, variant.length - 2.0, spacing)
-    eyes, targets = [], []
-    for index, x in enumerate(positions):
-        turn = math.radians(20.0 if index % 2 else -20.0)
-        for side in (1.0, -1.0):
-            yaw = side * (math.pi / 2 + turn)
-            eye = np.array([x, 0.0, 1.6])
-            eyes.append(eye)
-            targets.append(eye + np.array([math.cos(yaw), math.sin(yaw), -math.tan(math.radians(8.0))]))
-    viewmats = torch.tensor(look_at(np.array(eyes), np.array(targets), np.array([0.0, 0.0, 1.0])))
+    """``synth.street_rig_cameras`` along the variant's street at its image size (70 deg FOV), as runtime cameras."""
+    viewmats = torch.tensor(street_rig_cameras(variant.length, spacing))
     K = torch.tensor(intrinsics(variant.width, variant.height, FOV_DEG), dtype=torch.float32, device=device)
     return [Camera(v.to(device=device, dtype=torch.float32), K, variant.width, variant.height) for v in viewmats]
 

@@ -346,6 +346,23 @@ def street_cameras(num_views: int, length: float = 30.0) -> np.ndarray:
     return look_at(eyes, eyes + directions, np.array([0.0, 0.0, 1.0]))
 
 
+def street_rig_cameras(length: float, spacing: float = 2.5) -> np.ndarray:
+    """Views [C, 4, 4] of a street-scan rig: every ``spacing`` m (2 m from each end) a left and a right camera at 1.6 m.
+
+    They look at the facades (yaw +-90 degrees), turned 20 degrees forward or backward at alternate positions so that
+    neighbouring views overlap, and 8 degrees down: each sees a few metres of street, the sparse regime Odin is for.
+    """
+    eyes, targets = [], []
+    for index, x in enumerate(np.arange(2.0, length - 2.0, spacing)):
+        turn = math.radians(20.0 if index % 2 else -20.0)
+        for side in (1.0, -1.0):
+            yaw = side * (math.pi / 2 + turn)
+            eye = np.array([x, 0.0, 1.6])
+            eyes.append(eye)
+            targets.append(eye + np.array([math.cos(yaw), math.sin(yaw), -math.tan(math.radians(8.0))]))
+    return look_at(np.array(eyes), np.array(targets), np.array([0.0, 0.0, 1.0]))
+
+
 PRESETS: dict[str, Preset] = {
     "object": Preset(object_world, object_cameras, horizontal_fov_deg=50.0, max_depth=math.inf),
     "street": Preset(street_world, street_cameras, horizontal_fov_deg=70.0, max_depth=12.0),

@@ -4,8 +4,6 @@ projection of every row, on random, synthetic-street and real configurations."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +12,7 @@ from torch import Tensor
 from odin_nerfstudio.candidates import BoundingSpheres, Camera, CullRegion
 from odin_nerfstudio.rasterize import drawn_rows
 from odin_nerfstudio.runtime import EscapeCheck, OdinRuntimeConfig
-from odin_nerfstudio.synth import intrinsics, look_at, street_world
+from odin_nerfstudio.synth import intrinsics, street_rig_cameras, street_world
 from odin_nerfstudio.tasks import Task
 from odin_nerfstudio.virtual import run_virtual
 from tests.conftest import REAL_SCENES, real_scene
@@ -81,18 +79,9 @@ def test_drawable_region_holds_every_drawn_gaussian_on_random_configurations(see
 
 
 def street_rig(length: float, width: int, height: int) -> list[Camera]:
-    """The benchmark's street-scan rig: side cameras every 2.5 m, turned 20 deg forward or back, 8 deg down."""
-    eyes, targets = [], []
-    for index, x in enumerate(np.arange(2.0, length - 2.0, 2.5)):
-        turn = math.radians(20.0 if index % 2 else -20.0)
-        for side in (1.0, -1.0):
-            yaw = side * (math.pi / 2 + turn)
-            eye = np.array([x, 0.0, 1.6])
-            eyes.append(eye)
-            targets.append(eye + np.array([math.cos(yaw), math.sin(yaw), -math.tan(math.radians(8.0))]))
-    viewmats = torch.tensor(look_at(np.array(eyes), np.array(targets), np.array([0.0, 0.0, 1.0])))
+    """The benchmark's street-scan rig (``synth.street_rig_cameras``, 70 deg FOV) as runtime cameras."""
     K = torch.tensor(intrinsics(width, height, 70.0), dtype=torch.float32)
-    return [Camera(v.float(), K, width, height) for v in viewmats]
+    return [Camera(v.float(), K, width, height) for v in torch.tensor(street_rig_cameras(length))]
 
 
 def test_drawable_region_and_block_index_on_a_street_after_updates() -> None:
