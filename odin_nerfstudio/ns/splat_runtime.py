@@ -9,6 +9,7 @@ the runtime accumulates per task and the edits applied behind its drain barrier 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -168,19 +169,19 @@ def build_runtime(
     )
 
 
-def structural_changes(model: OdinSplatModel, num_steps: int, seed: int) -> dict:
-    """For the virtual driver: before step s + 1, the densify / prune / reset gsplat would make after step s."""
+def structural_change(model: OdinSplatModel, runtime: OdinRuntime, step: int) -> Tensor:
+    """The densify / prune / reset gsplat would make after `step`, applied to the runtime's model (seeded by the
+    runtime's seed); returns the index map for `OdinRuntime.remap`."""
+    state, seed = runtime.strategy_state, runtime.config.seed
+    return apply_structural_change(model.strategy, runtime.params, runtime.optimizers, state, step, seed)
 
-    def change_after(step: int):
-        def change(runtime: OdinRuntime) -> Tensor:
-            return apply_structural_change(
-                model.strategy, runtime.params, runtime.optimizers, runtime.strategy_state, step, seed
-            )
 
-        return change
-
+def structural_changes(model: OdinSplatModel, num_steps: int) -> dict:
+    """For the virtual driver: before step s + 1, the `structural_change` after step s, where one is due."""
     return {
-        step + 1: change_after(step) for step in range(num_steps - 1) if structural_change_due(model.strategy, step)
+        step + 1: functools.partial(structural_change, model, step=step)
+        for step in range(num_steps - 1)
+        if structural_change_due(model.strategy, step)
     }
 
 
@@ -226,5 +227,5 @@ def train_virtual(
     runtime = build_runtime(model, images, runtime_config, selective_adams(model.gauss_params, learning_rates))
     steps = [datamanager.schedule.at(s).tasks for s in range(num_steps)]
     tasks = schedule_tasks(steps, datamanager.train_dataset.cameras, device=str(model.device))
-    run_virtual(runtime, tasks, interleaving, structural_changes(model, num_steps, runtime_config.seed))
+    run_virtual(runtime, tasks, interleaving, structural_changes(model, num_steps))
     return pipeline, runtime

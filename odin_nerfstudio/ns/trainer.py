@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Type
 
@@ -178,17 +179,15 @@ class OdinTrainer(Trainer):
             optimizer.state[new] = state or {}
             optimizer._state_of(new)
 
-    def _step_tasks(self, step: int) -> list:
-        """The local workers' tasks of schedule step ``step`` (worker ids are local positions)."""
-        views = self.pipeline.datamanager.schedule.at(step).tasks
+    def _step_tasks(self, step: int, views: Sequence[Sequence[int]]) -> list:
+        """The local workers' tasks of step ``step`` (``views[w]``: worker w's views; ids are local positions)."""
         return [
             [self._task(step, local, index, view) for index, view in enumerate(views[worker])]
             for local, worker in enumerate(self.local_workers)
         ]
 
-    def _remote_tasks(self, step: int) -> list:
-        """The tasks other processes run in schedule step ``step`` (worker ids are the schedule's)."""
-        views = self.pipeline.datamanager.schedule.at(step).tasks
+    def _remote_tasks(self, step: int, views: Sequence[Sequence[int]]) -> list:
+        """The tasks other processes run in step ``step`` (worker ids are the schedule's)."""
         remote = [worker for worker in range(len(views)) if worker not in self.local_workers]
         return [self._task(step, worker, index, view) for worker in remote for index, view in enumerate(views[worker])]
 
@@ -208,21 +207,19 @@ class OdinTrainer(Trainer):
         Returns nerfstudio's (loss, loss dict, metrics dict): the mean loss of the step's local tasks, the Gaussian
         count and the runtime's counters so far.
         """
-        from odin_nerfstudio.refine import apply_structural_change, structural_change_due
+        from odin_nerfstudio.ns.splat_runtime import structural_change
+        from odin_nerfstudio.refine import structural_change_due
         from odin_nerfstudio.step_driver import run_step, settle
 
         model, runtime = self.pipeline.model, self.runtime
         if step > 0 and structural_change_due(model.strategy, step - 1):
             settle(runtime)
-            state, seed = runtime.strategy_state, runtime.config.seed
-            runtime.remap(
-                apply_structural_change(model.strategy, runtime.params, runtime.optimizers, state, step - 1, seed)
-            )
-        window = self.pipeline.datamanager.schedule.at(step).overlap_window
-        read_after = step - len(window) - 1 if self.config.follow_overlap_window else -1
+            runtime.remap(structural_change(model, runtime, step - 1))
+        plan = self.pipeline.datamanager.schedule.at(step)
+        read_after = step - len(plan.overlap_window) - 1 if self.config.follow_overlap_window else -1
         if self.config.expect_remote_writes:
-            runtime.expect(self._remote_tasks(step))
-        run_step(runtime, step, self._step_tasks(step), read_after)
+            runtime.expect(self._remote_tasks(step, plan.tasks))
+        run_step(runtime, step, self._step_tasks(step, plan.tasks), read_after)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)
