@@ -26,9 +26,9 @@ import numpy as np
 import scipy
 from _report import BENCHMARKS, cpu_name, write_section
 
-from odin_nerfstudio.citygen import CityConfig, city_point_sets
-from odin_nerfstudio.rlg import RelativeLocalityGraph
-from odin_nerfstudio.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets
+from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "bench_compile"

@@ -20,7 +20,7 @@ from typing import Dict, List
 import torch
 from _report import BENCHMARKS, cpu_name, write_section
 
-from odin_nerfstudio.rasterize import rasterization
+from odin_nerfstudio.rendering.rasterize import rasterization
 
 NAME = "bench_rasterizer"
 TARGET_S = 1.0
@@ -102,7 +102,7 @@ def main(argv: List[str] | None = None) -> None:
     median, best = statistics.median(times), min(times)
     text = "\n".join(
         [
-            "## CPU rasterizer (odin_nerfstudio.cpu_rasterizer)",
+            "## CPU rasterizer (odin_nerfstudio.rendering.cpu_rasterizer)",
             "",
             f"- command: `{command}` (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
             f"- machine: {machine()}",

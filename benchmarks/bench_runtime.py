@@ -17,7 +17,7 @@ for. Targets are rendered from the true world; the model starts from it perturbe
 logit opacities, colours), so every task has gradients. The schedule is Odin's: an RLG over the views (its "SfM
 points" are every 16th Gaussian inside each view's frustum) and the first epoch of ``Schedule``.
 
-Run. W = 4 virtual workers, B = 1, K = 4 ring slots, L1 loss through ``odin_nerfstudio.rasterize.rasterization``
+Run. W = 4 virtual workers, B = 1, K = 4 ring slots, L1 loss through ``odin_nerfstudio.rendering.rasterize.rasterization``
 (pure torch on CPU, gsplat on CUDA) with a background drawn from the task's generator, selective Adam. Quality-
 first and the barrier reference run the same schedule from the same start, one after the other in the same
 process, and must end bit-identical; a third run repeats quality-first with the escape check (the rows of each
@@ -51,19 +51,20 @@ import torch
 from _report import BENCHMARKS, cpu_name, publish
 from torch import Tensor
 
-from odin_nerfstudio.candidates import BoundingSpheres, Camera, CullRegion, candidate_set
-from odin_nerfstudio.rasterize import drawn_rows, rasterization
-from odin_nerfstudio.rlg import RelativeLocalityGraph
-from odin_nerfstudio.row_order import spatial_order
-from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
-from odin_nerfstudio.schedule import Schedule, ScheduleConfig
-from odin_nerfstudio.selective_adam import selective_adams
-from odin_nerfstudio.shadow import MEMORY_KINDS
-from odin_nerfstudio.sparse import tensor_bytes
-from odin_nerfstudio.synth import GaussianWorld, intrinsics, street_rig_cameras, street_world
-from odin_nerfstudio.tasks import Task
-from odin_nerfstudio.transport import VirtualTransport
-from odin_nerfstudio.virtual import VirtualRunReport, run_virtual
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion, candidate_set
+from odin_nerfstudio.rendering.rasterize import drawn_rows, rasterization
+from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+from odin_nerfstudio.core.row_order import spatial_order
+from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.core.selective_adam import selective_adams
+from odin_nerfstudio.runtime.shadow import MEMORY_KINDS
+from odin_nerfstudio.core.sparse import tensor_bytes
+from odin_nerfstudio.scenes.synth import GaussianWorld, intrinsics, street_rig_cameras, street_world
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.comm.transport import VirtualTransport
+from odin_nerfstudio.drivers.virtual import VirtualRunReport, run_virtual
 
 NAME = "bench_runtime"
 TARGET_BOOKKEEPING, TARGET_MEMORY = 0.03, 0.10

@@ -16,7 +16,7 @@ if ! ldconfig -p | grep -q 'libusb-1.0.so.0'; then
 fi
 
 stamp=.venv/.odin-installed
-want="$(cat pyproject.toml requirements-lock.txt | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py requirements-lock.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi

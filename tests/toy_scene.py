@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.candidates import Camera
-from odin_nerfstudio.rasterize import rasterization
-from odin_nerfstudio.runtime import OdinRuntime, OdinRuntimeConfig
-from odin_nerfstudio.selective_adam import selective_adams
-from odin_nerfstudio.tasks import Task
-from odin_nerfstudio.transport import VirtualTransport
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.rendering.rasterize import rasterization
+from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.core.selective_adam import selective_adams
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.comm.transport import VirtualTransport
 
 IMAGE = 8
 NEAR = 0.01

@@ -2,7 +2,7 @@
 
 Odin (arXiv 2607.19893) trains from a schedule compiled ahead of time from the Relative Locality Graph (RLG) of
 the train views' SfM tracks: every view once per epoch, consecutive steps loosely connected, each step's W x B
-tasks balanced over the W workers (:mod:`odin_nerfstudio.schedule`). This datamanager builds that RLG and
+tasks balanced over the W workers (:mod:`odin_nerfstudio.scheduling.schedule`). This datamanager builds that RLG and
 schedule from the `sfm_tracks` the `odin-colmap` dataparser puts in the train split's metadata (view costs from
 the train cameras' width x height, after `camera_res_scale_factor`), and serves each rank's tasks in order.
 
@@ -55,7 +55,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 
 if TYPE_CHECKING:
-    from odin_nerfstudio.schedule import Schedule, ScheduleConfig
+    from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 
 SCHEDULE_FILENAME = "odin_schedule.json"
 
@@ -80,7 +80,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
 
     def schedule_config(self, world_size: int) -> ScheduleConfig:
         """The ScheduleConfig these options give in a world of ``world_size`` processes."""
-        from odin_nerfstudio.schedule import ScheduleConfig
+        from odin_nerfstudio.scheduling.schedule import ScheduleConfig
 
         workers = world_size if self.num_workers is None else self.num_workers
         if workers % world_size:
@@ -152,7 +152,7 @@ class OdinDatamanager(FullImageDatamanager):
         Raises:
             ValueError: the saved schedule belongs to another scene or other schedule options.
         """
-        from odin_nerfstudio.schedule import describe
+        from odin_nerfstudio.scheduling.schedule import describe
 
         if resumed_from is not None:
             self.check_saved_schedule(resumed_from / SCHEDULE_FILENAME)
@@ -166,7 +166,7 @@ class OdinDatamanager(FullImageDatamanager):
 
     def check_saved_schedule(self, path: Path) -> None:
         """Reload the schedule saved at ``path`` and check it equals the regenerated one; warn when there is none."""
-        from odin_nerfstudio.schedule import Schedule
+        from odin_nerfstudio.scheduling.schedule import Schedule
 
         if not path.exists():
             CONSOLE.print(
@@ -196,8 +196,8 @@ class OdinDatamanager(FullImageDatamanager):
 
     def _compile_schedule(self) -> Schedule:
         """RLG of the train views' tracks and its schedule for this world size."""
-        from odin_nerfstudio.rlg import RelativeLocalityGraph
-        from odin_nerfstudio.schedule import Schedule
+        from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+        from odin_nerfstudio.scheduling.schedule import Schedule
 
         tracks = self.train_dataparser_outputs.metadata.get("sfm_tracks")
         if tracks is None:

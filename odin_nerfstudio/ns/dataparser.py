@@ -84,7 +84,7 @@ class OdinColmapDataParser(ColmapDataParser):
     def _tracks(self):
         """The scene's SfM tracks, read once with pycolmap."""
         if getattr(self, "_sfm_tracks", None) is None:
-            from odin_nerfstudio.tracks import read_colmap_tracks
+            from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
 
             self._sfm_tracks = read_colmap_tracks(self.config.data / self.config.colmap_path)
         return self._sfm_tracks

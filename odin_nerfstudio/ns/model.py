@@ -2,7 +2,7 @@
 
 It keeps splatfacto's parameters, losses, densification strategy and exporters, so the viewer,
 `ns-export gaussian-splat` and `ns-eval` treat it as splatfacto. It changes three things splatfacto gets
-wrong off a GPU: no hard-coded `.cuda()`, rendering through :func:`odin_nerfstudio.rasterize.rasterization`
+wrong off a GPU: no hard-coded `.cuda()`, rendering through :func:`odin_nerfstudio.rendering.rasterize.rasterization`
 (gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init.
 """
 
@@ -198,7 +198,7 @@ class OdinSplatModel(SplatfactoModel):
         `params` holds splatfacto's tensors (means, scales, quats, features_dc, features_rest, opacities); Odin's
         runtime passes task-local gathered rows here, the plain model passes its own parameters.
         """
-        from odin_nerfstudio.rasterize import rasterization
+        from odin_nerfstudio.rendering.rasterize import rasterization
 
         if self.config.rasterize_mode not in ("antialiased", "classic"):
             raise ValueError(f"Unknown rasterize_mode {self.config.rasterize_mode!r}: use 'classic' or 'antialiased'")

@@ -19,15 +19,16 @@ from nerfstudio.models.splatfacto import get_viewmat
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch import Tensor
 
-from odin_nerfstudio.candidates import Camera, CullRegion
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.culling.candidates import CullRegion
 from odin_nerfstudio.ns.model import OdinSplatModel
-from odin_nerfstudio.rasterize import drawn_rows
-from odin_nerfstudio.refine import apply_structural_change, structural_change_due
-from odin_nerfstudio.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
-from odin_nerfstudio.selective_adam import SelectiveAdam, selective_adams
-from odin_nerfstudio.tasks import Task
-from odin_nerfstudio.transport import Transport, VirtualTransport
-from odin_nerfstudio.virtual import run_virtual
+from odin_nerfstudio.rendering.rasterize import drawn_rows
+from odin_nerfstudio.adapter.refine import apply_structural_change, structural_change_due
+from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.comm.transport import Transport, VirtualTransport
+from odin_nerfstudio.drivers.virtual import run_virtual
 
 GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 

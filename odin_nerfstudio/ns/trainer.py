@@ -39,8 +39,8 @@ from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_nerfstudio.runtime import OdinRuntimeConfig
-from odin_nerfstudio.selective_adam import SelectiveAdam
+from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
+from odin_nerfstudio.core.selective_adam import SelectiveAdam
 
 TIMELINE_FILENAME = "odin_timeline.json"
 COUNTERS_FILENAME = "odin_counters.json"
@@ -150,7 +150,7 @@ class OdinTrainer(Trainer):
         """One torch.distributed transport per process in a distributed run; None (in-process) otherwise."""
         if self.world_size == 1:
             return None
-        from odin_nerfstudio.transport import DistributedTransport
+        from odin_nerfstudio.comm.transport import DistributedTransport
 
         params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
         return [DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)]
@@ -194,7 +194,7 @@ class OdinTrainer(Trainer):
     def _task(self, step: int, worker: int, index: int, view: int):
         """A runtime task of ``view`` (its camera built once per view)."""
         from odin_nerfstudio.ns.splat_runtime import odin_camera
-        from odin_nerfstudio.tasks import Task
+        from odin_nerfstudio.core.tasks import Task
 
         if view not in self._cameras:
             cameras = self.pipeline.datamanager.train_dataset.cameras
@@ -208,8 +208,8 @@ class OdinTrainer(Trainer):
         count and the runtime's counters so far.
         """
         from odin_nerfstudio.ns.splat_runtime import structural_change
-        from odin_nerfstudio.refine import structural_change_due
-        from odin_nerfstudio.step_driver import run_step, settle
+        from odin_nerfstudio.adapter.refine import structural_change_due
+        from odin_nerfstudio.drivers.step_loop import run_step, settle
 
         model, runtime = self.pipeline.model, self.runtime
         if step > 0 and structural_change_due(model.strategy, step - 1):
@@ -276,14 +276,14 @@ class OdinTrainer(Trainer):
 
     def _check_replicas(self, step: int) -> None:
         """Settle, then compare every rank's replica with rank 0's (a collective at the same step on every rank)."""
-        from odin_nerfstudio.replicas import check_replicas
+        from odin_nerfstudio.comm.replicas import check_replicas
 
         self._settle()
         check_replicas(dict(self.pipeline.model.gauss_params), step)
 
     def _settle(self) -> None:
         """Publish every started step (the runtime exists once setup has run)."""
-        from odin_nerfstudio.step_driver import settle
+        from odin_nerfstudio.drivers.step_loop import settle
 
         if hasattr(self, "runtime"):
             settle(self.runtime)

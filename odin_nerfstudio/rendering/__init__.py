@@ -1,0 +1,1 @@
+"""The one rasterization call (gsplat's signature) and its pure-torch CPU twin."""

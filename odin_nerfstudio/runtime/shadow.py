@@ -1,0 +1,205 @@
+"""The Shadow Graph: task-local copies of the candidate rows, and the staging ring that holds their gradients.
+
+Odin (arXiv 2607.19893, "Shadow Graph") lets work of different steps overlap without aliasing state autograd
+still needs: each task gathers its candidate rows into task-local leaf tensors, renders and back-propagates into
+them, and its active rows' gradients are staged in the ring slot of its step (K slots, step s in slot s mod K).
+Only publication writes the global state. Memory is O(|C|) per task in flight plus O(|A|) per staged task (and
+the int64 candidate sets declared in open slots), never a second copy of the model; :class:`MemoryMeter` measures
+it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.conflicts import StepRows, union_sorted
+from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
+
+TaskKey = tuple[int, int, int]
+MEMORY_KINDS = ("leaves", "grads", "staged", "candidates")
+"""What :class:`MemoryMeter` tells apart: gathered rows, their gradients, staged updates, declared candidate sets."""
+
+
+@dataclass
+class MemoryMeter:
+    """Bytes of gathered and staged tensors alive now, and their peak with its make-up (what to shrink first).
+
+    Attributes:
+        current: bytes alive now.
+        peak: the largest ``current`` seen.
+        parts: bytes alive now per kind ("leaves": gathered rows, "grads": their gradients, "staged": staged
+            active rows and gradients, "candidates": the candidate sets declared in open slots, superseded ones
+            included).
+        at_peak: ``parts`` when the peak was reached.
+    """
+
+    current: int = 0
+    peak: int = 0
+    parts: dict[str, int] = field(default_factory=dict)
+    at_peak: dict[str, int] = field(default_factory=dict)
+
+    def add(self, nbytes: int, kind: str) -> None:
+        """Account ``nbytes`` more of ``kind`` (negative to release)."""
+        self.current += nbytes
+        self.parts[kind] = self.parts.get(kind, 0) + nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+            self.at_peak = dict(self.parts)
+
+
+@dataclass
+class RingSlot:
+    """The staging slot of one step.
+
+    Attributes:
+        step: the step the slot holds.
+        device: where its row tensors live.
+        candidates: per task that has read, its candidate set C(t), sorted int64 [M].
+        staged: per task that has finished backward, its active rows A(t), their gradients and its densification
+            statistics.
+        superseded: candidate sets replaced by a re-run of their task (still declared until publication).
+
+    Change ``candidates`` and ``staged`` only through :class:`ShadowGraph` (``declare``, ``stage``), which drops
+    the cached :meth:`writes`.
+    """
+
+    step: int
+    device: torch.device
+    candidates: dict[TaskKey, Tensor] = field(default_factory=dict)
+    staged: dict[TaskKey, SparseUpdate] = field(default_factory=dict)
+    superseded: list[Tensor] = field(default_factory=list)
+    _writes: StepRows | None = field(default=None, repr=False)
+
+    def writes(self) -> StepRows:
+        """The rows the step may still write: A(t) of staged tasks, C(t) of tasks still running (cached: every
+        reader checks against it, the slot changes once per task)."""
+        if self._writes is None:
+            parts = [self.staged[key].rows if key in self.staged else rows for key, rows in self.candidates.items()]
+            self._writes = StepRows(self.step, union_sorted(parts, self.device))
+        return self._writes
+
+    def changed(self) -> None:
+        """Drop the cached write set (a task declared or staged)."""
+        self._writes = None
+
+    def declared_sets(self) -> list[Tensor]:
+        """The candidate sets read in this step, superseded ones included, each sorted int64 [M]."""
+        return list(self.candidates.values()) + self.superseded
+
+    def declared(self) -> Tensor:
+        """Union of the candidate sets read in this step, superseded ones included, sorted int64 [M]."""
+        return union_sorted(self.declared_sets(), self.device)
+
+    def staged_update(self, template: dict[str, Tensor]) -> SparseUpdate:
+        """Sum of every staged task's update, in task order (the producer's update so far)."""
+        return sum_in_order([self.staged[key] for key in sorted(self.staged)], template)
+
+
+class ShadowGraph:
+    """Gathers candidate rows into leaves, stages active-row gradients in a K-slot ring, and meters memory.
+
+    Args:
+        ring_slots: K, the number of steps that may be staged at once.
+        device: where the slots' row tensors live (the model's device).
+    """
+
+    def __init__(self, ring_slots: int, device: torch.device | str = "cpu") -> None:
+        if ring_slots < 1:
+            raise ValueError(f"ring_slots must be >= 1, got {ring_slots}")
+        self.ring_slots = ring_slots
+        self.device = torch.device(device)
+        self.slots: list[RingSlot | None] = [None] * ring_slots
+        self.memory = MemoryMeter()
+
+    def slot(self, step: int) -> RingSlot | None:
+        """The slot holding ``step``, or None if it does not hold it."""
+        slot = self.slots[step % self.ring_slots]
+        return slot if slot is not None and slot.step == step else None
+
+    def is_free_for(self, step: int) -> bool:
+        """Whether ``step`` can use its slot (it already holds the step, or it is empty)."""
+        slot = self.slots[step % self.ring_slots]
+        return slot is None or slot.step == step
+
+    def open(self, step: int) -> RingSlot:
+        """The slot of ``step``, claimed if empty; raises if an earlier step still holds it."""
+        if not self.is_free_for(step):
+            held = self.slots[step % self.ring_slots]
+            raise RuntimeError(f"ring slot {step % self.ring_slots} still holds step {held.step}, wanted {step}")
+        if self.slots[step % self.ring_slots] is None:
+            self.slots[step % self.ring_slots] = RingSlot(step, self.device)
+        return self.slots[step % self.ring_slots]
+
+    def open_slots(self) -> list[RingSlot]:
+        """Every claimed slot, in step order."""
+        return sorted((s for s in self.slots if s is not None), key=lambda s: s.step)
+
+    def gather(self, params: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        """Copy the candidate rows into task-local leaves that require grad.
+
+        Args:
+            params: per name, the global parameter [N, ...].
+            rows: the candidate set, sorted int64 [M].
+
+        Returns:
+            Per name, a fresh leaf [M, ...] with ``requires_grad=True``.
+        """
+        leaves = {name: p.detach().index_select(0, rows).requires_grad_(True) for name, p in params.items()}
+        self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
+        return leaves
+
+    def release(self, leaves: dict[str, Tensor]) -> None:
+        """End a task's leaves and the gradients autograd put in them: account them and drop them from ``leaves``.
+
+        Emptying the dict drops the runtime's references, so the rows are freed here (once the renderer holds
+        none) rather than when the caller lets go of its :class:`Read`, after re-runs and publications.
+        """
+        grads = sum(tensor_bytes(leaf.grad) for leaf in leaves.values() if leaf.grad is not None)
+        self.memory.add(grads, "grads")
+        self.memory.add(-grads, "grads")
+        self.memory.add(-sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
+        leaves.clear()
+
+    def declare(self, key: TaskKey, candidate: Tensor) -> None:
+        """Record that task ``key`` read ``candidate`` (sorted int64 [M]) in its step's slot."""
+        slot = self.open(key[0])
+        if key in slot.candidates:
+            slot.superseded.append(slot.candidates[key])
+        slot.candidates[key] = candidate
+        slot.changed()
+        self.memory.add(tensor_bytes(candidate), "candidates")
+
+    def stage(self, key: TaskKey, update: SparseUpdate) -> None:
+        """Stage task ``key``'s active rows, gradients and statistics (replacing an earlier attempt of the task)."""
+        slot = self.open(key[0])
+        if key in slot.staged:
+            self.memory.add(-slot.staged[key].nbytes, "staged")
+        slot.staged[key] = update
+        slot.changed()
+        self.memory.add(update.nbytes, "staged")
+
+    def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
+        """A worker's contribution to ``step``: its staged updates summed (statistics listed) in task order; empty
+        for a worker with no task in the step."""
+        slot = self.slot(step)
+        keys = sorted(k for k in slot.staged if k[1] == worker)
+        return sum_in_order([slot.staged[k] for k in keys], template)
+
+    def free(self, step: int) -> RingSlot:
+        """Release the slot of a published step and return what it held."""
+        slot = self.slot(step)
+        if slot is None:
+            raise RuntimeError(f"no ring slot holds step {step}")
+        self.memory.add(-sum(update.nbytes for update in slot.staged.values()), "staged")
+        declared = [*slot.candidates.values(), *slot.superseded]
+        self.memory.add(-sum(tensor_bytes(rows) for rows in declared), "candidates")
+        self.slots[step % self.ring_slots] = None
+        return slot
+
+
+def model_bytes(params: dict[str, Tensor]) -> int:
+    """Bytes of the model's parameters (the yardstick for the Shadow Graph's extra memory)."""
+    return sum(tensor_bytes(p) for p in params.values())

@@ -1,0 +1,1 @@
+"""Scene tools: synthetic scenes (odin-synth) and the city generator the benchmarks use."""

@@ -1,0 +1,612 @@
+"""Synthetic scenes in the COLMAP layout: procedural 3D Gaussians, rendered views and SfM-like tracks.
+
+Odin's gain depends on how sparsely the training views share primitives: dense object captures gain little,
+long sparse captures gain most (DESIGN.md). Real captures are few and fixed; this generator makes both regimes on
+demand, with known Gaussians, exact poses and tracks, in the layout nerfstudio's colmap dataparser reads::
+
+    <output>/images/frame_00001.png ...
+    <output>/sparse/0/cameras.bin, images.bin, points3D.bin   (pycolmap 4 also writes rigs.bin, frames.bin)
+
+The world is a set of flat, textured surface Gaussians rendered by :func:`odin_nerfstudio.rendering.rasterize.rasterization`.
+The 3D points are a seeded subset of the Gaussians' centers. A view observes a point as SfM would match it: the
+point projects inside the image, lies in front of the camera and within the preset's matching range, faces the
+camera (not at a grazing angle) and is not occluded (its camera-space depth agrees with the rendered expected depth
+"RGB+ED" at its pixel, bilinearly sampled, within a relative tolerance). Points seen by fewer than two views are
+dropped. Each observation is a points2D entry at the projected pixel (COLMAP convention: the top-left pixel's
+center is (0.5, 0.5)) plus seeded Gaussian pixel noise.
+
+Presets: ``object`` (a torus around a ball, cameras on a wavy ring looking at it: dense overlap) and ``street``
+(two facades and a road, cameras driving down it while panning left and right: sparse overlap). Output is
+deterministic given the options: the world, the camera path and the noise each draw from their own generator.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Callable, Literal, Optional
+
+import numpy as np
+import pycolmap
+import torch
+import tyro
+from numpy.random import Generator
+from PIL import Image
+from torch import Tensor
+
+from odin_nerfstudio.rendering.rasterize import rasterization
+
+PresetName = Literal["object", "street"]
+
+NEAR = 0.05
+"""Nearest camera-space depth at which a point is observed (world units)."""
+DEPTH_TOLERANCE = 0.04
+"""Largest relative gap |z - rendered expected depth| / z for a point to count as unoccluded."""
+MIN_ALPHA = 0.5
+"""Smallest rendered opacity at a point's pixel for its depth test to be trusted."""
+MIN_FACING_COS = 0.2
+"""Smallest cosine between a point's normal and its direction to the camera (about 78 degrees)."""
+
+
+@dataclass
+class SynthConfig:
+    """Options of one synthetic scene; `make_scene` writes it, `odin-synth` exposes every field."""
+
+    preset: PresetName = "object"
+    """World and camera path: 'object' (dense overlap) or 'street' (sparse overlap)."""
+    num_views: int = 24
+    """Number of rendered views (COLMAP images)."""
+    width: int = 128
+    """Image width in pixels."""
+    height: int = 96
+    """Image height in pixels."""
+    num_gaussians: int = 20_000
+    """Number of Gaussians in the procedural world."""
+    street_length: float = 30.0
+    """Length of the street in meters (street preset): longer streets at the same view count overlap less."""
+    num_points: int = 2_000
+    """Number of Gaussian centers offered as 3D points; those seen by fewer than 2 views are dropped."""
+    pixel_noise: float = 0.25
+    """Standard deviation of the Gaussian noise added to each observation, in pixels."""
+    seed: int = 0
+    """Seed of the world, the 3D point subset and the pixel noise."""
+    output: Optional[Path] = None
+    """Scene folder; defaults to data/synth/<preset>."""
+    overwrite: bool = False
+    """Replace images/ and sparse/ if the scene folder already holds them."""
+
+    def __post_init__(self) -> None:
+        """Reject options that cannot make a scene with tracks."""
+        if self.num_views < 2 or self.width < 2 or self.height < 2:
+            raise ValueError("need num_views >= 2 and an image of at least 2x2 pixels")
+        if self.num_gaussians < 1 or self.num_points < 1 or self.pixel_noise < 0:
+            raise ValueError("need num_gaussians >= 1, num_points >= 1 and pixel_noise >= 0")
+        if self.street_length < 8.0:
+            raise ValueError("need street_length >= 8 (m): the cameras keep 2 m from each end")
+
+    def output_dir(self) -> Path:
+        """The scene folder this config writes to."""
+        return self.output if self.output is not None else Path("data") / "synth" / self.preset
+
+
+@dataclass(frozen=True)
+class GaussianWorld:
+    """Procedural 3D Gaussians, each a flat disc on a surface, in gsplat's parameterization (float32, CPU).
+
+    means [N, 3], quats [N, 4] (wxyz), scales [N, 3], opacities [N] in (0, 1), colors [N, 3] RGB in [0, 1],
+    normals [N, 3] unit surface normals (the side the surface is seen from).
+    """
+
+    means: Tensor
+    quats: Tensor
+    scales: Tensor
+    opacities: Tensor
+    colors: Tensor
+    normals: Tensor
+
+
+@dataclass(frozen=True)
+class CameraPath:
+    """Views of a scene: world-to-camera matrices (OpenCV axes: x right, y down, z forward) and one pinhole camera.
+
+    viewmats [C, 4, 4] float64, K [3, 3] float64, images of width x height pixels.
+    """
+
+    viewmats: np.ndarray
+    K: np.ndarray
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Which view observes which 3D point, and where.
+
+    visible [C, P] bool, pixels [C, P, 2] float64 (x, y in COLMAP pixel coordinates, noise included).
+    """
+
+    visible: np.ndarray
+    pixels: np.ndarray
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A world generator, a camera path and the matching range of one preset."""
+
+    world: Callable[[int, Generator], GaussianWorld]
+    """(num_gaussians, rng) -> world."""
+    cameras: Callable[[int], np.ndarray]
+    """num_views -> viewmats [C, 4, 4]."""
+    horizontal_fov_deg: float
+    """Horizontal field of view of the pinhole camera, degrees."""
+    max_depth: float
+    """Farthest camera-space depth at which SfM would still match a feature (world units)."""
+
+
+def quats_from_normals(normals: np.ndarray) -> np.ndarray:
+    """Unit quaternions (wxyz) [N, 4] that rotate the local z axis onto the unit normals [N, 3], sign-free.
+
+    A disc is symmetric under flipping its normal, so normals are first turned into the z >= 0 half-space; the
+    shortest-arc quaternion (1 + n_z, -n_y, n_x, 0) is then never degenerate.
+    """
+    n = np.where(normals[:, 2:3] < 0.0, -normals, normals)
+    q = np.stack([1.0 + n[:, 2], -n[:, 1], n[:, 0], np.zeros(len(n))], axis=1)
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def surface_gaussians(
+    points: np.ndarray, normals: np.ndarray, colors: np.ndarray, area: float, rng: Generator
+) -> GaussianWorld:
+    """Flat discs at surface samples: points [N, 3], unit normals [N, 3], colors [N, 3] over a total `area`.
+
+    The disc radius follows the mean sample spacing sqrt(area / N) so neighbouring discs overlap into a closed,
+    occluding surface; opacities are high with a little seeded variation.
+    """
+    spacing = math.sqrt(area / len(points))
+    radius = 0.8 * spacing * rng.uniform(0.85, 1.15, size=(len(points), 1))
+    scales = np.concatenate([radius, radius, 0.05 * radius], axis=1)
+    opacities = rng.uniform(0.85, 0.98, size=len(points))
+    return GaussianWorld(
+        means=_f32(points),
+        quats=_f32(quats_from_normals(normals)),
+        scales=_f32(scales),
+        opacities=_f32(opacities),
+        colors=_f32(np.clip(colors, 0.0, 1.0)),
+        normals=_f32(normals),
+    )
+
+
+def split_count(total: int, weights: list[float]) -> list[int]:
+    """Split `total` into non-negative integers proportional to `weights` that sum to `total`."""
+    shares = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    counts = np.floor(shares * total).astype(int)
+    counts[np.argmax(shares)] += total - int(counts.sum())
+    return counts.tolist()
+
+
+def palette(t: np.ndarray) -> np.ndarray:
+    """A smooth cyclic color ramp: t [...] -> RGB [..., 3] in [0, 1] (a cosine palette)."""
+    phases = np.array([0.0, 1.0 / 3.0, 2.0 / 3.0])
+    return 0.5 + 0.45 * np.cos(2.0 * np.pi * (t[..., None] + phases))
+
+
+def sample_torus(n: int, major: float, minor: float, rng: Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Area-uniform samples on a torus around the z axis: points [n, 3], normals [n, 3], (u, v) angles [n, 2].
+
+    The tube angle v is drawn by inverting its marginal CDF, (major * v + minor * sin v) / (2 pi major).
+    """
+    grid = np.linspace(0.0, 2.0 * np.pi, 4097)
+    cdf = (major * grid + minor * np.sin(grid)) / (2.0 * np.pi * major)
+    u = rng.uniform(0.0, 2.0 * np.pi, size=n)
+    v = np.interp(rng.uniform(0.0, 1.0, size=n), cdf, grid)
+    normals = np.stack([np.cos(v) * np.cos(u), np.cos(v) * np.sin(u), np.sin(v)], axis=1)
+    centers = major * np.stack([np.cos(u), np.sin(u), np.zeros(n)], axis=1)
+    return centers + minor * normals, normals, np.stack([u, v], axis=1)
+
+
+def sample_sphere(n: int, radius: float, rng: Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Area-uniform samples on a sphere at the origin: points [n, 3], outward normals [n, 3]."""
+    normals = rng.normal(size=(n, 3))
+    normals /= np.linalg.norm(normals, axis=1, keepdims=True)
+    return radius * normals, normals
+
+
+def sample_rectangle(
+    n: int, origin: np.ndarray, edge_u: np.ndarray, edge_v: np.ndarray, rng: Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform samples on the rectangle origin + a edge_u + b edge_v: points [n, 3], coordinates (a, b) [n, 2]."""
+    ab = rng.uniform(0.0, 1.0, size=(n, 2))
+    return origin + ab[:, :1] * edge_u + ab[:, 1:] * edge_v, ab
+
+
+def rotation_x(angle: float) -> np.ndarray:
+    """Rotation matrix [3, 3] about the x axis by `angle` radians."""
+    c, s = math.cos(angle), math.sin(angle)
+    return np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+
+
+def torus_colors(uv: np.ndarray) -> np.ndarray:
+    """Torus texture: rainbow stripes around the ring, wavy along the tube, under a checker. uv [n, 2] -> [n, 3]."""
+    u, v = uv[:, 0], uv[:, 1]
+    checker = np.sign(np.sin(9.0 * u) * np.sin(5.0 * v))
+    return palette(3.0 * u / (2.0 * np.pi) + 0.15 * np.sin(3.0 * v)) * (0.8 + 0.2 * checker)[:, None]
+
+
+def ball_colors(normals: np.ndarray) -> np.ndarray:
+    """Ball texture: 12 latitude bands of distinct colors, split into 16 meridian segments. normals [n, 3] -> [n, 3]."""
+    bands = np.floor(6.0 * (normals[:, 2] + 1.0))
+    segments = np.sign(np.sin(8.0 * np.arctan2(normals[:, 1], normals[:, 0])))
+    return palette(0.37 * bands + 0.5) * (0.85 + 0.15 * segments)[:, None]
+
+
+def object_world(num_gaussians: int, rng: Generator) -> GaussianWorld:
+    """A striped, checkered torus (major radius 1, tube 0.35, tilted 30 degrees) around a banded ball (radius 0.45).
+
+    Both are centered on the origin; the tilt lets the ring views look through the hole and see self-occlusion.
+    """
+    major, minor, ball = 1.0, 0.35, 0.45
+    torus_area, ball_area = 4.0 * np.pi**2 * major * minor, 4.0 * np.pi * ball**2
+    n_torus, n_ball = split_count(num_gaussians, [torus_area, ball_area])
+    torus_points, torus_normals, uv = sample_torus(n_torus, major, minor, rng)
+    ball_points, ball_normals = sample_sphere(n_ball, ball, rng)
+    tilt = rotation_x(math.radians(30.0))
+    return surface_gaussians(
+        np.concatenate([torus_points @ tilt.T, ball_points]),
+        np.concatenate([torus_normals @ tilt.T, ball_normals]),
+        _with_noise(np.concatenate([torus_colors(uv), ball_colors(ball_normals)]), rng),
+        torus_area + ball_area,
+        rng,
+    )
+
+
+STREET_WIDTH, FACADE_HEIGHT = 8.0, 4.0
+
+
+def facade_colors(along: np.ndarray, up: np.ndarray, length: float, rng: Generator) -> np.ndarray:
+    """Building facades: per-building wall color, a window grid, floor bands. along, up [n] in meters -> [n, 3].
+
+    Buildings are 3 to 6 m wide with seeded colors and window pitch, so no two stretches of street look alike.
+    """
+    edges = np.cumsum(rng.uniform(3.0, 6.0, size=int(length / 3.0) + 2))
+    building = np.searchsorted(edges, along)
+    hue = rng.uniform(0.0, 1.0, size=len(edges) + 1)[building]
+    pitch = rng.uniform(0.9, 1.6, size=len(edges) + 1)[building]
+    wall = palette(hue) * 0.7 + 0.25
+    in_window = (np.mod(along / pitch, 1.0) > 0.3) & (np.mod(up / 1.4, 1.0) > 0.35) & (up > 1.0)
+    window = palette(hue + 0.5) * 0.25 + np.array([0.05, 0.1, 0.2])
+    floor_band = (np.mod(up / 1.4, 1.0) < 0.08)[:, None]
+    colors = np.where(in_window[:, None], window, wall)
+    return np.where(floor_band, colors * 0.55, colors)
+
+
+def ground_colors(along: np.ndarray, across: np.ndarray) -> np.ndarray:
+    """Road and sidewalks: asphalt with a dashed center line, tiled sidewalks. along, across [n] -> [n, 3]."""
+    asphalt = np.tile([0.3, 0.3, 0.33], (len(along), 1))
+    dash = (np.abs(across) < 0.1) & (np.mod(along, 2.0) < 1.0)
+    sidewalk = np.abs(across) > STREET_WIDTH / 2.0 - 1.2
+    tiles = 0.6 + 0.12 * np.sign(np.sin(np.pi * along / 0.5) * np.sin(np.pi * across / 0.5))
+    colors = np.where(dash[:, None], np.array([0.95, 0.9, 0.6]), asphalt)
+    return np.where(sidewalk[:, None], np.stack([tiles, 0.92 * tiles, 0.85 * tiles], axis=1), colors)
+
+
+def street_world(num_gaussians: int, rng: Generator, length: float = 30.0) -> GaussianWorld:
+    """A straight street along +x (z up): two facades facing each other at y = +-4 and the road between them.
+
+    The street runs from x = 0 to `length` (m), facades are 4 m high; all normals face the street.
+    """
+    half = STREET_WIDTH / 2.0
+    facade_area, ground_area = length * FACADE_HEIGHT, length * STREET_WIDTH
+    counts = split_count(num_gaussians, [facade_area, facade_area, ground_area])
+    along_x, up_z = np.array([length, 0.0, 0.0]), np.array([0.0, 0.0, FACADE_HEIGHT])
+    parts = []
+    for count, side in zip(counts[:2], (-1.0, 1.0)):
+        points, _ = sample_rectangle(count, np.array([0.0, side * half, 0.0]), along_x, up_z, rng)
+        normal = np.tile([0.0, -side, 0.0], (count, 1))
+        parts.append((points, normal, facade_colors(points[:, 0], points[:, 2], length, rng)))
+    across_y = np.array([0.0, STREET_WIDTH, 0.0])
+    points, _ = sample_rectangle(counts[2], np.array([0.0, -half, 0.0]), along_x, across_y, rng)
+    parts.append((points, np.tile([0.0, 0.0, 1.0], (counts[2], 1)), ground_colors(points[:, 0], points[:, 1])))
+    points, normals, colors = (np.concatenate(arrays) for arrays in zip(*parts))
+    return surface_gaussians(points, normals, _with_noise(colors, rng), 2.0 * facade_area + ground_area, rng)
+
+
+def look_at(eyes: np.ndarray, targets: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """World-to-camera matrices [C, 4, 4] (OpenCV: x right, y down, z forward) from eyes, targets [C, 3], up [3]."""
+    forward = targets - eyes
+    forward /= np.linalg.norm(forward, axis=1, keepdims=True)
+    right = np.cross(forward, up)
+    right /= np.linalg.norm(right, axis=1, keepdims=True)
+    down = np.cross(forward, right)
+    rotation = np.stack([right, down, forward], axis=1)
+    viewmats = np.tile(np.eye(4), (len(eyes), 1, 1))
+    viewmats[:, :3, :3] = rotation
+    viewmats[:, :3, 3] = -np.einsum("cij,cj->ci", rotation, eyes)
+    return viewmats
+
+
+def object_cameras(num_views: int) -> np.ndarray:
+    """Views [C, 4, 4] on a ring of radius 3.6 around the origin, elevation waving between 5 and 45 degrees."""
+    azimuth = 2.0 * np.pi * np.arange(num_views) / num_views
+    elevation = np.radians(25.0 + 20.0 * np.sin(3.0 * azimuth))
+    ring = np.stack([np.cos(azimuth), np.sin(azimuth)], axis=1) * np.cos(elevation)[:, None]
+    eyes = 3.6 * np.concatenate([ring, np.sin(elevation)[:, None]], axis=1)
+    return look_at(eyes, np.zeros_like(eyes), np.array([0.0, 0.0, 1.0]))
+
+
+def street_cameras(num_views: int, length: float = 30.0) -> np.ndarray:
+    """Views [C, 4, 4] driving down the street at 1.6 m, panning between 75 degrees left and right every 8 views."""
+    step = np.arange(num_views)
+    x = np.linspace(2.0, length - 2.0, num_views)
+    yaw = np.radians(75.0) * np.sin(2.0 * np.pi * step / 8.0)
+    eyes = np.stack([x, 0.5 * np.sin(2.0 * np.pi * step / 11.0), np.full(num_views, 1.6)], axis=1)
+    directions = np.stack([np.cos(yaw), np.sin(yaw), np.full(num_views, -0.08)], axis=1)
+    return look_at(eyes, eyes + directions, np.array([0.0, 0.0, 1.0]))
+
+
+def street_rig_cameras(length: float, spacing: float = 2.5) -> np.ndarray:
+    """Views [C, 4, 4] of a street-scan rig: every ``spacing`` m (2 m from each end) a left and a right camera at 1.6 m.
+
+    They look at the facades (yaw +-90 degrees), turned 20 degrees forward or backward at alternate positions so that
+    neighbouring views overlap, and 8 degrees down: each sees a few metres of street, the sparse regime Odin is for.
+    """
+    eyes, targets = [], []
+    for index, x in enumerate(np.arange(2.0, length - 2.0, spacing)):
+        turn = math.radians(20.0 if index % 2 else -20.0)
+        for side in (1.0, -1.0):
+            yaw = side * (math.pi / 2 + turn)
+            eye = np.array([x, 0.0, 1.6])
+            eyes.append(eye)
+            targets.append(eye + np.array([math.cos(yaw), math.sin(yaw), -math.tan(math.radians(8.0))]))
+    return look_at(np.array(eyes), np.array(targets), np.array([0.0, 0.0, 1.0]))
+
+
+PRESETS: dict[str, Preset] = {
+    "object": Preset(object_world, object_cameras, horizontal_fov_deg=50.0, max_depth=math.inf),
+    "street": Preset(street_world, street_cameras, horizontal_fov_deg=70.0, max_depth=12.0),
+}
+
+
+def intrinsics(width: int, height: int, horizontal_fov_deg: float) -> np.ndarray:
+    """Pinhole matrix K [3, 3] with square pixels and the principal point at the image center."""
+    focal = 0.5 * width / math.tan(math.radians(horizontal_fov_deg) / 2.0)
+    return np.array([[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]])
+
+
+def render_view(world: GaussianWorld, viewmat: np.ndarray, path: CameraPath) -> tuple[Tensor, Tensor, Tensor]:
+    """Render one view (viewmat [4, 4]) of the path's camera, "RGB+ED": rgb [H, W, 3], depth [H, W], alpha [H, W]."""
+    render, alpha, _ = rasterization(
+        world.means,
+        world.quats,
+        world.scales,
+        world.opacities,
+        world.colors,
+        _f32(viewmat)[None],
+        _f32(path.K)[None],
+        path.width,
+        path.height,
+        packed=False,
+        render_mode="RGB+ED",
+    )
+    return render[0, ..., :3], render[0, ..., 3], alpha[0, ..., 0]
+
+
+def project(points: np.ndarray, viewmat: np.ndarray, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel coordinates [P, 2] (COLMAP convention) and camera-space depths [P] of world points [P, 3]."""
+    cam = points @ viewmat[:3, :3].T + viewmat[:3, 3]
+    depth = cam[:, 2]
+    safe = np.where(np.abs(depth) > 1e-12, depth, 1e-12)
+    pixels = cam[:, :2] / safe[:, None] * np.diag(K)[:2] + K[:2, 2]
+    return pixels, depth
+
+
+def bilinear(image: np.ndarray, pixels: np.ndarray) -> np.ndarray:
+    """Sample image [H, W] at continuous pixel coordinates [P, 2] (pixel centers at +0.5), clamped at the border."""
+    height, width = image.shape
+    x = np.clip(pixels[:, 0] - 0.5, 0.0, width - 1.0)
+    y = np.clip(pixels[:, 1] - 0.5, 0.0, height - 1.0)
+    x0, y0 = np.minimum(np.floor(x).astype(int), width - 2), np.minimum(np.floor(y).astype(int), height - 2)
+    fx, fy = x - x0, y - y0
+    top = image[y0, x0] * (1.0 - fx) + image[y0, x0 + 1] * fx
+    bottom = image[y0 + 1, x0] * (1.0 - fx) + image[y0 + 1, x0 + 1] * fx
+    return top * (1.0 - fy) + bottom * fy
+
+
+def observed(
+    points: np.ndarray,
+    normals: np.ndarray,
+    viewmat: np.ndarray,
+    K: np.ndarray,
+    depth_map: np.ndarray,
+    alpha_map: np.ndarray,
+    max_depth: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which points [P, 3] (unit normals [P, 3]) one view observes: mask [P] bool and exact pixels [P, 2].
+
+    Observed = inside the image, NEAR < depth < max_depth, facing the camera (cosine > MIN_FACING_COS) and
+    unoccluded: rendered alpha > MIN_ALPHA and |depth - expected depth| <= DEPTH_TOLERANCE * depth there.
+    depth_map, alpha_map [H, W] are the view's "RGB+ED" render.
+    """
+    height, width = depth_map.shape
+    pixels, depth = project(points, viewmat, K)
+    inside = (pixels[:, 0] >= 0) & (pixels[:, 0] < width) & (pixels[:, 1] >= 0) & (pixels[:, 1] < height)
+    in_range = (depth > NEAR) & (depth < max_depth)
+    eye = -viewmat[:3, :3].T @ viewmat[:3, 3]
+    to_eye = eye - points
+    facing = np.einsum("pi,pi->p", normals, to_eye) > MIN_FACING_COS * np.linalg.norm(to_eye, axis=1)
+    unoccluded = (bilinear(alpha_map, pixels) > MIN_ALPHA) & (
+        np.abs(depth - bilinear(depth_map, pixels)) <= DEPTH_TOLERANCE * depth
+    )
+    return inside & in_range & facing & unoccluded, pixels
+
+
+def render_and_observe(
+    world: GaussianWorld, point_ids: np.ndarray, path: CameraPath, max_depth: float, images: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """Render every view ("RGB+ED"), write its RGB under images/ and find the points it observes.
+
+    point_ids [P] are the Gaussian rows offered as 3D points. Returns visible [C, P] bool and exact pixels
+    [C, P, 2]; one view's render is dropped before the next is made, so memory does not grow with C.
+    """
+    points = world.means[point_ids].double().numpy()
+    normals = world.normals[point_ids].double().numpy()
+    masks, pixels = [], []
+    for c, viewmat in enumerate(path.viewmats):
+        with torch.no_grad():
+            rgb, depth, alpha = render_view(world, viewmat, path)
+        write_image(rgb, images / image_name(c))
+        mask, xy = observed(points, normals, viewmat, path.K, depth.double().numpy(), alpha.double().numpy(), max_depth)
+        masks.append(mask)
+        pixels.append(xy)
+    return np.stack(masks), np.stack(pixels)
+
+
+def sfm_observations(visible: np.ndarray, pixels: np.ndarray, noise: np.ndarray, path: CameraPath) -> Observations:
+    """Keep the points seen by >= 2 views (visible [C, P]) and add the noise [C, P, 2] to their pixels [C, P, 2].
+
+    Noisy pixels are clamped to the path's image.
+    """
+    kept = visible & (visible.sum(axis=0, keepdims=True) >= 2)
+    return Observations(visible=kept, pixels=np.clip(pixels + noise, 0.0, [path.width, path.height]))
+
+
+def build_reconstruction(
+    world: GaussianWorld, point_ids: np.ndarray, path: CameraPath, obs: Observations
+) -> pycolmap.Reconstruction:
+    """A COLMAP model: one PINHOLE camera, one posed image per view (frame_00001.png...), one 3D point per track.
+
+    Image c gets image_id c + 1 and keeps as points2D exactly its observations, in point order; 3D point ids
+    follow the order of point_ids among the kept points. Point errors are the mean reprojection errors (the noise).
+    """
+    rec = pycolmap.Reconstruction()
+    fx, fy, cx, cy = path.K[0, 0], path.K[1, 1], path.K[0, 2], path.K[1, 2]
+    rec.add_camera_with_trivial_rig(
+        pycolmap.Camera(camera_id=1, model="PINHOLE", width=path.width, height=path.height, params=[fx, fy, cx, cy])
+    )
+    for c, viewmat in enumerate(path.viewmats):
+        keypoints = obs.pixels[c][obs.visible[c]]
+        image = pycolmap.Image(name=image_name(c), keypoints=keypoints, camera_id=1, image_id=c + 1)
+        pose = pycolmap.Rigid3d(pycolmap.Rotation3d(viewmat[:3, :3]), viewmat[:3, 3])
+        rec.add_image_with_trivial_frame(image, pose)
+    point2D_index = np.cumsum(obs.visible, axis=1) - 1
+    xyz = world.means[point_ids].double().numpy()
+    rgb = np.round(world.colors[point_ids].double().numpy() * 255.0).astype(np.uint8)
+    for p in np.flatnonzero(obs.visible.any(axis=0)):
+        views = np.flatnonzero(obs.visible[:, p])
+        track = pycolmap.Track([pycolmap.TrackElement(int(c) + 1, int(point2D_index[c, p])) for c in views])
+        rec.add_point3D(xyz[p], track, rgb[p])
+    rec.update_point_3d_errors()
+    return rec
+
+
+def image_name(view: int) -> str:
+    """File name of view `view` (0-based) under images/."""
+    return f"frame_{view + 1:05d}.png"
+
+
+def write_image(rgb: Tensor, path: Path) -> None:
+    """Write rgb [H, W, 3] in [0, 1] as an 8-bit PNG."""
+    pixels = (rgb.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(path, format="PNG")
+
+
+def view_point_sets(rec: pycolmap.Reconstruction) -> list[set[int]]:
+    """The 3D point ids each image observes, in image-id order (the RLG's P_i)."""
+    return [{p.point3D_id for p in rec.images[i].points2D if p.has_point3D()} for i in sorted(rec.images)]
+
+
+def jaccard(a: set[int], b: set[int]) -> float:
+    """|a n b| / |a u b| (0 when both are empty)."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+def mean_consecutive_jaccard(sets: list[set[int]]) -> float:
+    """Mean Jaccard similarity of consecutive views' point sets."""
+    return float(np.mean([jaccard(a, b) for a, b in zip(sets, sets[1:])])) if len(sets) > 1 else 0.0
+
+
+def mean_pairwise_jaccard(sets: list[set[int]]) -> float:
+    """Mean Jaccard similarity over all pairs of views' point sets."""
+    values = [jaccard(sets[i], sets[j]) for i in range(len(sets)) for j in range(i + 1, len(sets))]
+    return float(np.mean(values)) if values else 0.0
+
+
+def camera_path(config: SynthConfig, preset: Preset) -> CameraPath:
+    """The preset's views for this config's view count and resolution."""
+    K = intrinsics(config.width, config.height, preset.horizontal_fov_deg)
+    return CameraPath(viewmats=preset.cameras(config.num_views), K=K, width=config.width, height=config.height)
+
+
+def prepare_output(config: SynthConfig) -> Path:
+    """Create the scene folder with empty images/ and sparse/0/; refuse to replace them unless config.overwrite."""
+    out = config.output_dir()
+    existing = [out / name for name in ("images", "sparse") if (out / name).exists()]
+    if existing and not config.overwrite:
+        raise FileExistsError(f"{existing[0]} exists; pass --overwrite to replace it")
+    for folder in existing:
+        shutil.rmtree(folder)
+    (out / "images").mkdir(parents=True)
+    (out / "sparse" / "0").mkdir(parents=True)
+    return out
+
+
+def preset_for(config: SynthConfig) -> Preset:
+    """The preset of `config`, sized by its options (the street's length)."""
+    preset = PRESETS[config.preset]
+    if config.preset != "street":
+        return preset
+    return replace(
+        preset,
+        world=partial(street_world, length=config.street_length),
+        cameras=partial(street_cameras, length=config.street_length),
+    )
+
+
+def make_scene(config: SynthConfig) -> Path:
+    """Generate the scene `config` describes and write it in the COLMAP layout; returns the scene folder."""
+    preset = preset_for(config)
+    world = preset.world(config.num_gaussians, np.random.default_rng([config.seed, 0]))
+    rng = np.random.default_rng([config.seed, 1])
+    num_points = min(config.num_points, config.num_gaussians)
+    point_ids = np.sort(rng.choice(config.num_gaussians, size=num_points, replace=False))
+    noise = rng.normal(0.0, config.pixel_noise, size=(config.num_views, num_points, 2))
+    path = camera_path(config, preset)
+    out = prepare_output(config)
+    visible, pixels = render_and_observe(world, point_ids, path, preset.max_depth, out / "images")
+    obs = sfm_observations(visible, pixels, noise, path)
+    build_reconstruction(world, point_ids, path, obs).write(out / "sparse" / "0")
+    return out
+
+
+def summary(scene: Path) -> str:
+    """One paragraph on a written scene: views, points, mean track length, overlap of consecutive and all views."""
+    rec = pycolmap.Reconstruction(scene / "sparse" / "0")
+    sets = view_point_sets(rec)
+    return (
+        f"wrote {scene}: {rec.num_images()} views, {rec.num_points3D()} points3D, "
+        f"mean track length {rec.compute_mean_track_length():.2f}, "
+        f"mean overlap (Jaccard) consecutive {mean_consecutive_jaccard(sets):.3f}, "
+        f"all pairs {mean_pairwise_jaccard(sets):.3f}"
+    )
+
+
+def main() -> None:
+    """Console entry point `odin-synth`: parse a SynthConfig from the command line, write the scene, summarize."""
+    print(summary(make_scene(tyro.cli(SynthConfig))))
+
+
+def _f32(array: np.ndarray) -> Tensor:
+    """A float32 CPU tensor copy of `array`."""
+    return torch.as_tensor(np.asarray(array), dtype=torch.float32)
+
+
+def _with_noise(colors: np.ndarray, rng: Generator) -> np.ndarray:
+    """Colors [n, 3] with seeded per-Gaussian jitter (std 0.06), so flat areas carry texture too."""
+    return colors + rng.normal(0.0, 0.06, size=colors.shape)
+
+
+if __name__ == "__main__":
+    main()

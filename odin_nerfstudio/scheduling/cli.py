@@ -1,0 +1,200 @@
+"""`odin-schedule`: compile a scene's Relative Locality Graph and schedule ahead of training, print and draw them.
+
+Odin (arXiv 2607.19893) predicts conflicts between training views from their SfM tracks and orders the views so
+that consecutive steps share few primitives. This command shows what that buys on a scene before any training:
+the RLG's size and weights, the predicted conflict mass between consecutive steps against a random order of the
+same views, and the balance of predicted work across workers; with ``--output`` it draws the RLG (views at their
+camera centres projected onto the centres' two principal axes, edges shaded by weight) beside the conflict
+profile of epoch 0 (conflict mass of each step with its predecessor) for the schedule and the random order.
+
+Views: every image of the COLMAP model at ``<scene>/sparse/0``. Training schedules only nerfstudio's train split
+(by default it holds out every 8th image in COLMAP id order) with costs from the possibly rescaled image sizes, so
+a run's schedule covers about 7/8 of these views and its numbers differ slightly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import tyro
+
+from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, describe
+from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
+
+
+@dataclass
+class ScheduleCliConfig:
+    """Compile the RLG and schedule of a COLMAP scene; print statistics and optionally draw them."""
+
+    data: Path
+    """Scene folder holding sparse/0/ (a COLMAP model, binary or text)."""
+    workers: int = 1
+    """W, workers training concurrently."""
+    views_per_step: int = 1
+    """B, views each worker renders per step."""
+    seed: int = 0
+    """Seed of the schedule's per-epoch shuffle (and of the random order it is compared with)."""
+    ring_size: int = 4
+    """K, the farthest back (in steps) a step's overlap window reaches."""
+    overlap_threshold: float = 0.1
+    """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
+    output: Optional[Path] = None
+    """PNG to draw the RLG and the conflict profile into; nothing is drawn when omitted."""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point `odin-schedule`: parse the options, print the statistics, write the PNG if asked."""
+    config = tyro.cli(ScheduleCliConfig, args=argv, prog="odin-schedule")
+    try:
+        lines = run(config)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"odin-schedule: error: {error}") from None
+    print("\n".join(lines))
+
+
+def run(config: ScheduleCliConfig) -> list[str]:
+    """Compile the schedule of ``config.data``, draw it when ``config.output`` is set; the lines to print.
+
+    Raises:
+        FileNotFoundError: no scene folder or no COLMAP model in it.
+        ValueError: invalid options, W x B larger than the number of views, or an output that is not a .png.
+    """
+    if config.output is not None and config.output.suffix.lower() != ".png":
+        raise ValueError(f"--output must name a .png file, got {config.output}")
+    if not config.data.is_dir():
+        raise FileNotFoundError(f"scene folder {config.data} does not exist; pass --data <scene> holding sparse/0/")
+    sparse_dir = config.data / "sparse" / "0"
+    tracks = read_colmap_tracks(sparse_dir)
+    schedule = Schedule(RelativeLocalityGraph.from_point_sets(tracks.point_ids), schedule_config(config), tracks.pixels)
+    check_step_fits(schedule)
+    lines = [f"{config.data}: all {schedule.num_views} images of the COLMAP model", *describe(schedule)]
+    if config.output is not None:
+        centres = camera_centres(sparse_dir, tracks.image_names)
+        draw(schedule, centres, config.output)
+        lines.append(f"wrote {config.output}")
+    return lines
+
+
+def schedule_config(config: ScheduleCliConfig) -> ScheduleConfig:
+    """The ScheduleConfig of the command-line options; ValueError naming the options when they are invalid."""
+    try:
+        return ScheduleConfig(
+            num_workers=config.workers,
+            views_per_worker=config.views_per_step,
+            seed=config.seed,
+            ring_size=config.ring_size,
+            overlap_threshold=config.overlap_threshold,
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"invalid schedule options ({error}); --workers, --views-per-step and --ring-size must be >= 1, "
+            "--seed and --overlap-threshold >= 0"
+        ) from None
+
+
+def check_step_fits(schedule: Schedule) -> None:
+    """ValueError when a step (W x B views) is larger than the scene, explaining what the schedule would do."""
+    config, views = schedule.config, schedule.num_views
+    if config.step_size <= views:
+        return
+    busy = min(views, config.num_workers)
+    raise ValueError(
+        f"--workers x --views-per-step = {config.num_workers} x {config.views_per_worker} = {config.step_size} views "
+        f"per step, but the scene has only V = {views} views. The schedule would make every epoch a single short "
+        f"step holding all {views} views, at most {-(-views // config.num_workers)} per worker, with "
+        f"{config.num_workers - busy} of {config.num_workers} workers idle and no step to order or overlap. "
+        f"Choose W x B <= {views}."
+    )
+
+
+def camera_centres(sparse_dir: Path, names: Sequence[str]) -> np.ndarray:
+    """World-space camera centres of the named images of a COLMAP model, [V, 3]; NaN rows for unposed images."""
+    import pycolmap
+
+    by_name = {image.name: image for image in pycolmap.Reconstruction(str(sparse_dir)).images.values()}
+    centres = np.full((len(names), 3), np.nan)
+    for row, name in enumerate(names):
+        image = by_name[name]
+        if image.has_pose:
+            centres[row] = image.projection_center()
+    return centres
+
+
+def principal_plane(points: np.ndarray) -> np.ndarray:
+    """Points [N, 3] projected onto their two main axes (PCA), [N, 2]; NaN rows land on the centroid."""
+    posed = ~np.isnan(points).any(axis=1)
+    if not posed.any():
+        return np.zeros((len(points), 2))
+    centred = np.where(posed[:, None], points - points[posed].mean(axis=0), 0.0)
+    _, _, axes = np.linalg.svd(centred[posed], full_matrices=False)
+    plane = centred @ axes[:2].T
+    return np.pad(plane, ((0, 0), (0, 2 - plane.shape[1])))
+
+
+def draw(schedule: Schedule, centres: np.ndarray, path: Path) -> None:
+    """PNG at ``path``: the RLG on the camera centres' principal plane (left), epoch 0's conflict profile (right)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(13, 5.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    graph_axes, profile_axes = figure.subplots(1, 2, width_ratios=(1.15, 1))
+    draw_graph(graph_axes, schedule, principal_plane(centres))
+    draw_profile(profile_axes, schedule)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def draw_graph(axes, schedule: Schedule, xy: np.ndarray) -> None:
+    """RLG edges shaded by weight and views coloured by their step in epoch 0, on plane coordinates xy [V, 2]."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.ticker import MaxNLocator
+
+    upper = schedule.rlg.weights.tocoo()
+    keep = upper.row < upper.col
+    rows, cols, weights = upper.row[keep], upper.col[keep], upper.data[keep]
+    order = np.argsort(weights)
+    edges = LineCollection(
+        np.stack([xy[rows[order]], xy[cols[order]]], axis=1), array=weights[order], cmap="Greys", linewidths=1.0
+    )
+    edges.set_clim(0.0, max(float(weights.max(initial=0.0)), 1e-12))
+    axes.add_collection(edges)
+    step_of = np.empty(schedule.num_views)
+    for position, step in enumerate(schedule.epoch(0).steps):
+        step_of[list(step.views)] = position
+    nodes = axes.scatter(xy[:, 0], xy[:, 1], c=step_of, cmap="viridis", s=28, zorder=3, edgecolors="black")
+    axes.figure.colorbar(edges, ax=axes, label="RLG weight (Jaccard of SfM tracks)", shrink=0.8)
+    axes.figure.colorbar(nodes, ax=axes, label="step in epoch 0", shrink=0.8, ticks=MaxNLocator(integer=True))
+    axes.set_title(f"RLG: {schedule.num_views} views, {schedule.rlg.num_edges} edges")
+    axes.set_xlabel("camera centres, principal axis 1")
+    axes.set_ylabel("principal axis 2")
+    axes.set_aspect("equal", adjustable="datalim")
+    axes.autoscale_view()
+
+
+def draw_profile(axes, schedule: Schedule) -> None:
+    """Conflict mass of each step of epoch 0 with its predecessor, for the schedule and the random order."""
+    from matplotlib.ticker import MaxNLocator
+
+    plan = schedule.epoch(0)
+    steps = np.arange(len(plan.steps))
+    scheduled = [step.conflict_mass for step in plan.steps]
+    random = schedule.random_conflict_profile(0)
+    axes.plot(steps, random, marker="o", color="tab:red", label=f"random order (total {random.sum():.3f})")
+    axes.plot(steps, scheduled, marker="o", color="tab:blue", label=f"schedule (total {plan.conflict_mass:.3f})")
+    config = schedule.config
+    axes.set_title(f"conflict with the previous step, W={config.num_workers}, B={config.views_per_worker}")
+    axes.set_xlabel("step in epoch 0")
+    axes.set_ylabel("conflict mass (summed RLG weight)")
+    axes.set_ylim(bottom=0.0)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.legend()
+
+
+if __name__ == "__main__":
+    main()

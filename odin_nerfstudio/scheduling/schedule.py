@@ -1,0 +1,530 @@
+"""Training schedule: which views each worker renders at every step, ordered so consecutive steps rarely conflict.
+
+Odin (arXiv 2607.19893) compiles the schedule ahead of time from the Relative Locality Graph (RLG): every view
+once per epoch in a seeded shuffle (SGD needs one), the W x B views of a step balanced across the W workers by
+predicted cost, and consecutive steps loosely connected in the RLG so that step s+1 can run while step s is
+still publishing its updates.
+
+What it optimizes. The conflict mass between two steps is the sum of RLG weights over the view pairs they
+span; the schedule lowers the conflict mass between each step and its predecessor (and, as a tie-break, the
+ring_size - 1 steps before that). Within a step the views may be strongly connected: their gradients are
+summed into one update, so they never conflict with each other.
+
+How, per epoch e (RNG seeded from (seed, e), so epoch e never needs epochs < e):
+1. Group: shuffle the views; take the first unassigned view of the shuffle as the seed of a group and grow it
+   along the strongest RLG edge from any member (single linkage) until it holds S = W * B views, jumping to the
+   next unassigned view of the shuffle when the group has no free neighbour (isolated views, exhausted
+   components). Internally connected groups leave little weight between groups. The V mod S views left at the
+   end form the short last step.
+2. Order: collapse the RLG onto the groups (G x G cross weights, a sparse triple product) and chain them
+   greedily: the next step is the first group, in a seeded random priority, with no edge to the last
+   ring_size steps; when every remaining group has one, the group with the least weight to the previous step
+   (then to the earlier steps, then priority). The short group stays last.
+   Fallback: when the chained groups conflict more with their predecessors than the epoch's seeded random
+   order chunked into steps of S (possible on small, dense scenes, where greedy grouping leaves its worst
+   pairs for the end), the epoch takes that random order instead, so a schedule is never worse than the
+   random baseline it is measured against.
+3. Assign: longest-processing-time-first (LPT) within each step: views by decreasing predicted cost, each to
+   the least-loaded worker that holds fewer than its quota of views (B in a full step). Predicted cost of a
+   view: cost_per_point * (observed SfM points) + cost_per_pixel * (image pixels); the point term stands for
+   the Gaussians it touches, the pixel term for rasterization.
+
+Complexity per epoch, with E RLG edges, mean degree d, G = V / S groups: O(V S d) for grouping (numpy work on
+each group's frontier, one Python iteration per view), O(E) for the group graph and the statistics, about
+O(G (ring_size d + 1)) for ordering when free groups abound (sparse scenes; a dense scene costs O(G^2) but has
+few views), O(V log W) for LPT. Memory O(V + E).
+
+Short last step: when V is not a multiple of S, the last step of every epoch holds the r = V mod S remaining
+views with a quota of ceil(r / W) per worker, so min(r, W) workers get tasks and the rest idle. When S > V, an
+epoch is that single short step (every view, some workers idle), and it overlaps nothing: the overlap window
+never crosses an epoch boundary, since that would need the previous epoch.
+
+Per step it records the conflict mass against its predecessor and the overlap window: the earlier steps
+s-k..s-1 it may run beside, k the largest value <= ring_size (and <= its index within the epoch) such that each
+of those steps has a conflict mass with s of at most overlap_threshold per view of s. The same conflict mass
+for a seeded random order of the same views (chunked into steps of S) is the number to beat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+
+FORMAT = "odin-schedule"
+VERSION = 2
+_CACHED_EPOCHS = 2
+_SCAN_CHUNK = 32
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How a schedule is generated; together with the RLG and the view costs it fixes every step.
+
+    Attributes:
+        num_workers: W, workers (ranks) training concurrently.
+        views_per_worker: B, views each worker renders per step (their gradients are summed).
+        seed: seeds the per-epoch shuffle; epoch e uses an RNG made from (seed, e).
+        ring_size: K, the farthest back (in steps) an overlap window reaches; the paper's staleness bound K = 4.
+        overlap_threshold: largest conflict mass per view of a step with an earlier step for the two to overlap.
+        cost_per_point: predicted cost of one observed SfM point of a view (Gaussians it touches).
+        cost_per_pixel: predicted cost of one pixel of a view (rasterization); 1000 pixels weigh one point.
+    """
+
+    num_workers: int = 1
+    views_per_worker: int = 1
+    seed: int = 0
+    ring_size: int = 4
+    overlap_threshold: float = 0.1
+    cost_per_point: float = 1.0
+    cost_per_pixel: float = 1e-3
+
+    def __post_init__(self) -> None:
+        for name in ("num_workers", "views_per_worker", "ring_size"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"ScheduleConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"ScheduleConfig.seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("overlap_threshold", "cost_per_point", "cost_per_pixel"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"ScheduleConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+
+    @property
+    def step_size(self) -> int:
+        """S = W * B, the views of a full step."""
+        return self.num_workers * self.views_per_worker
+
+
+@dataclass(frozen=True)
+class Step:
+    """The tasks of one global step and its predicted conflicts.
+
+    Attributes:
+        index: global step number (epoch * steps_per_epoch + step within the epoch).
+        epoch: the epoch it belongs to.
+        tasks: per worker, the view indices it renders, [W] tuples of length <= B (empty for an idle worker).
+        worker_cost: predicted cost per worker, [W].
+        conflict_mass: summed RLG weight between this step's views and the previous step's (0 for an epoch's
+            first step).
+        overlap_window: global indices of the earlier steps it may run beside, consecutive and ending at
+            index - 1; empty when it should wait for the previous step's publication.
+    """
+
+    index: int
+    epoch: int
+    tasks: tuple[tuple[int, ...], ...]
+    worker_cost: tuple[float, ...]
+    conflict_mass: float
+    overlap_window: tuple[int, ...]
+
+    @property
+    def views(self) -> tuple[int, ...]:
+        """All view indices of the step, worker by worker."""
+        return tuple(view for worker in self.tasks for view in worker)
+
+    @property
+    def balance(self) -> float:
+        """Max over mean predicted worker cost (1.0 is perfect; idle workers count as 0)."""
+        mean = float(np.mean(self.worker_cost))
+        return max(self.worker_cost) / mean if mean > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """All steps of one epoch, with the conflict mass of a random order of the same views for comparison.
+
+    Attributes:
+        epoch: epoch number.
+        steps: its steps in order.
+        random_conflict_mass: total conflict mass between consecutive steps of a seeded random order.
+    """
+
+    epoch: int
+    steps: tuple[Step, ...]
+    random_conflict_mass: float
+
+    @property
+    def conflict_mass(self) -> float:
+        """Total conflict mass between consecutive steps of this epoch."""
+        return float(sum(step.conflict_mass for step in self.steps))
+
+
+class Schedule:
+    """Lazily generated, reproducible schedule over an RLG: ``at(step)`` for any global step, epochs cached."""
+
+    def __init__(
+        self, rlg: RelativeLocalityGraph, config: ScheduleConfig | None = None, pixels: np.ndarray | None = None
+    ) -> None:
+        """Prepare the schedule of ``rlg``'s V views.
+
+        Args:
+            rlg: the views' Relative Locality Graph.
+            config: generation settings (defaults: one worker, one view per step).
+            pixels: pixels of each view [V]; None drops the pixel term of the predicted cost.
+        """
+        self.config = config or ScheduleConfig()
+        self.rlg = rlg
+        self.view_cost = predicted_view_cost(rlg.num_points, pixels, self.config)
+        upper = sp.triu(rlg.weights, k=1).tocoo()
+        self._edges = (upper.row.astype(np.int64), upper.col.astype(np.int64), upper.data)
+        self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
+
+    @property
+    def num_views(self) -> int:
+        """V."""
+        return self.rlg.num_views
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """ceil(V / S): full steps plus the short last one when S does not divide V."""
+        return -(-self.num_views // self.config.step_size)
+
+    def at(self, global_step: int) -> Step:
+        """The step with global index ``global_step`` (epoch = global_step // steps_per_epoch)."""
+        if global_step < 0:
+            raise ValueError(f"global_step must be >= 0, got {global_step}")
+        epoch, within = divmod(int(global_step), self.steps_per_epoch)
+        return self.epoch(epoch).steps[within]
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        """The plan of epoch ``epoch``, generated from (seed, epoch) alone and cached."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch not in self._epochs:
+            self._epochs[epoch] = self._plan(epoch)
+            if len(self._epochs) > _CACHED_EPOCHS:
+                self._epochs.popitem(last=False)
+        self._epochs.move_to_end(epoch)
+        return self._epochs[epoch]
+
+    def summary(self, epochs: int = 1) -> dict[str, float]:
+        """Conflict mass, random-order conflict mass, their ratio, balance and mean overlap over ``epochs`` epochs.
+
+        ``balance`` is max/mean predicted worker cost averaged over the full steps (over all steps when there
+        is no full step); ``ratio`` is conflict_mass / random_conflict_mass (1.0 when both are 0).
+        """
+        plans = [self.epoch(e) for e in range(epochs)]
+        steps = [step for plan in plans for step in plan.steps]
+        full = [s for s in steps if sum(map(len, s.tasks)) == self.config.step_size] or steps
+        total = sum(plan.conflict_mass for plan in plans)
+        random = sum(plan.random_conflict_mass for plan in plans)
+        return {
+            "epochs": epochs,
+            "steps": len(steps),
+            "conflict_mass": total,
+            "random_conflict_mass": random,
+            "ratio": total / random if random > 0 else (1.0 if total == 0 else float("inf")),
+            "balance": float(np.mean([s.balance for s in full])),
+            "mean_overlap_window": float(np.mean([len(s.overlap_window) for s in steps])),
+        }
+
+    def to_json(self, epochs: int = 1) -> str:
+        """JSON of the config, the fingerprints of the RLG and costs, and the first ``epochs`` epochs for reading."""
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "config": asdict(self.config),
+                "num_views": self.num_views,
+                "steps_per_epoch": self.steps_per_epoch,
+                "rlg_fingerprint": self.rlg.fingerprint(),
+                "view_cost_sha256": _array_digest(self.view_cost),
+                "epochs": [_epoch_to_dict(self.epoch(e)) for e in range(epochs)],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str, rlg: RelativeLocalityGraph, pixels: np.ndarray | None = None) -> Schedule:
+        """Rebuild a schedule saved by :meth:`to_json`; ``rlg`` and ``pixels`` must be those it was made from.
+
+        Raises:
+            ValueError: not a schedule, another RLG or costs, or the stored epochs no longer regenerate
+                identically (e.g. a numpy RNG change), each with what to do.
+        """
+        data = json.loads(text)
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            found = f"format={data.get('format')!r}, version={data.get('version')!r}"
+            raise ValueError(f"not an {FORMAT} v{VERSION} file ({found}); pass a file written by Schedule.save")
+        schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels)
+        if data["rlg_fingerprint"] != rlg.fingerprint() or data["num_views"] != schedule.num_views:
+            raise ValueError(
+                "the schedule was compiled for a different RLG (other views, view order or tracks); "
+                "rebuild the RLG from the run's COLMAP model and train split, or compile a new schedule"
+            )
+        if data["view_cost_sha256"] != _array_digest(schedule.view_cost):
+            raise ValueError("the schedule was compiled with other view costs; pass the same pixels per view")
+        for stored in data["epochs"]:
+            if _epoch_to_dict(schedule.epoch(stored["epoch"])) != stored:
+                raise ValueError(
+                    f"epoch {stored['epoch']} no longer regenerates identically from the saved seed "
+                    "(numpy or scipy changed?); resume with the library versions of the original run"
+                )
+        return schedule
+
+    def save(self, path: Path, epochs: int = 1) -> None:
+        """Write :meth:`to_json` to ``path``."""
+        Path(path).write_text(self.to_json(epochs))
+
+    @classmethod
+    def load(cls, path: Path, rlg: RelativeLocalityGraph, pixels: np.ndarray | None = None) -> Schedule:
+        """Read a schedule written by :meth:`save`; see :meth:`from_json`."""
+        return cls.from_json(Path(path).read_text(), rlg, pixels)
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        """Generate epoch ``epoch``: group, order, assign, then measure conflicts."""
+        config, weights = self.config, self.rlg.weights
+        rng = np.random.default_rng([config.seed, epoch, 0])
+        groups = grow_groups(weights, rng.permutation(self.num_views), config.step_size)
+        groups = [groups[i] for i in order_groups(weights, groups, config.step_size, config.ring_size, rng)]
+        lag_mass = conflict_by_lag(self._edges, _step_of(groups, self.num_views), len(groups), config.ring_size)
+        random_groups = self._random_groups(epoch)
+        random_mass = conflict_by_lag(self._edges, _step_of(random_groups, self.num_views), len(random_groups), 1)
+        if lag_mass[:, 0].sum() > random_mass.sum():
+            groups = random_groups
+            lag_mass = conflict_by_lag(self._edges, _step_of(groups, self.num_views), len(groups), config.ring_size)
+        first = epoch * self.steps_per_epoch
+        steps = tuple(
+            self._step(first + s, epoch, views, lag_mass[s], min(s, config.ring_size)) for s, views in enumerate(groups)
+        )
+        return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=float(random_mass.sum()))
+
+    def _random_groups(self, epoch: int) -> list[np.ndarray]:
+        """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S."""
+        order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
+        return [order[i : i + self.config.step_size] for i in range(0, self.num_views, self.config.step_size)]
+
+    def random_conflict_profile(self, epoch: int) -> np.ndarray:
+        """Conflict mass of each step with its predecessor in epoch ``epoch``'s random baseline, [steps_per_epoch];
+        its sum is the epoch's ``random_conflict_mass``."""
+        groups = self._random_groups(epoch)
+        return conflict_by_lag(self._edges, _step_of(groups, self.num_views), len(groups), 1)[:, 0]
+
+    def _step(self, index: int, epoch: int, views: np.ndarray, lag_mass: np.ndarray, max_lag: int) -> Step:
+        """Assemble one step: LPT tasks, conflict mass with the previous step and overlap window."""
+        quota = min(self.config.views_per_worker, -(-len(views) // self.config.num_workers))
+        tasks, loads = assign_lpt(views, self.view_cost, self.config.num_workers, quota)
+        limit, depth = self.config.overlap_threshold * len(views), 0
+        while depth < max_lag and lag_mass[depth] <= limit:
+            depth += 1
+        return Step(
+            index=index,
+            epoch=epoch,
+            tasks=tasks,
+            worker_cost=loads,
+            conflict_mass=float(lag_mass[0]),
+            overlap_window=tuple(range(index - depth, index)),
+        )
+
+
+def describe(schedule: Schedule, epochs: int = 1) -> list[str]:
+    """Human-readable RLG and schedule statistics over the first ``epochs`` epochs, one line per topic.
+
+    Shared by the ``odin-schedule`` command and the training log, so both report the same numbers.
+    """
+    graph, stats, config = schedule.rlg.summary(), schedule.summary(epochs), schedule.config
+    short = schedule.num_views % config.step_size
+    return [
+        f"RLG: {graph['views']} views, {graph['edges']} edges, mean weight {graph['mean_weight']:.4f}, "
+        f"max weight {graph['max_weight']:.4f}, {graph['isolated_views']} isolated views",
+        f"schedule: W={config.num_workers} workers x B={config.views_per_worker} views = {config.step_size} views "
+        f"per step, {schedule.steps_per_epoch} steps per epoch"
+        + (f" (the last one short: {short} views)" if short else "")
+        + f", seed {config.seed}",
+        f"conflict mass between consecutive steps over {epochs} epoch(s): {stats['conflict_mass']:.4f} scheduled "
+        f"vs {stats['random_conflict_mass']:.4f} random order, ratio {stats['ratio']:.3f}",
+        f"balance (max/mean predicted worker cost, averaged over full steps): {stats['balance']:.3f}; "
+        f"mean overlap window {stats['mean_overlap_window']:.2f} steps (ring size {config.ring_size})",
+    ]
+
+
+def predicted_view_cost(num_points: np.ndarray, pixels: np.ndarray | None, config: ScheduleConfig) -> np.ndarray:
+    """cost_per_point * num_points + cost_per_pixel * pixels per view, [V] float64 (pixels None: no pixel term)."""
+    cost = config.cost_per_point * np.asarray(num_points, dtype=np.float64)
+    if pixels is None:
+        return cost
+    pixels = np.asarray(pixels, dtype=np.float64)
+    if pixels.shape != cost.shape:
+        raise ValueError(f"pixels must hold one count per view, shape {cost.shape}, got {pixels.shape}")
+    return cost + config.cost_per_pixel * pixels
+
+
+def grow_groups(weights: sp.csr_matrix, order: np.ndarray, size: int) -> list[np.ndarray]:
+    """Partition the views into groups of ``size`` (the last one shorter) grown along strong RLG edges.
+
+    Args:
+        weights: RLG weights [V, V] (CSR).
+        order: a permutation of the views [V]; seeds are taken from it in turn.
+        size: S, views per group.
+
+    Returns:
+        ceil(V / S) int64 arrays of view indices.
+    """
+    indptr, indices, data = weights.indptr, weights.indices, weights.data
+    assigned = np.zeros(len(order), dtype=bool)
+    cursor = 0
+    groups = []
+    for start in range(0, len(order), size):
+        members: list[int] = []
+        frontier, strength = indices[:0], data[:0]
+        while len(members) < min(size, len(order) - start):
+            free = ~assigned[frontier]
+            frontier, strength = frontier[free], strength[free]
+            if frontier.size:
+                view = int(frontier[np.argmax(strength)])
+            else:
+                cursor = _next_unassigned(order, assigned, cursor)
+                view = int(order[cursor])
+            assigned[view] = True
+            members.append(view)
+            row = slice(indptr[view], indptr[view + 1])
+            frontier = np.concatenate([frontier, indices[row]])
+            strength = np.concatenate([strength, data[row]])
+        groups.append(np.array(members, dtype=np.int64))
+    return groups
+
+
+def _next_unassigned(order: np.ndarray, assigned: np.ndarray, cursor: int) -> int:
+    """First position >= cursor of ``order`` whose view is unassigned (one exists)."""
+    while assigned[order[cursor]]:
+        cursor += 1
+    return cursor
+
+
+def order_groups(
+    weights: sp.csr_matrix, groups: Sequence[np.ndarray], size: int, ring_size: int, rng: np.random.Generator
+) -> list[int]:
+    """Order groups so each has little RLG weight to its predecessors; a short last group stays last.
+
+    Returns:
+        a permutation of range(len(groups)).
+    """
+    cross = group_weights(weights, groups)
+    movable = len(groups) - (len(groups[-1]) < size)
+    priority = rng.permutation(movable)
+    rank = np.empty(movable, dtype=np.int64)
+    rank[priority] = np.arange(movable)
+    used = np.zeros(movable, dtype=bool)
+    blocked_at = np.full(movable, -1, dtype=np.int64)
+    recent: deque[int] = deque(maxlen=ring_size)
+    sequence, pointer = [], 0
+    for t in range(movable):
+        for group in recent:
+            neighbours = cross.indices[cross.indptr[group] : cross.indptr[group + 1]]
+            blocked_at[neighbours[neighbours < movable]] = t
+        pick = _first_free(priority, used, blocked_at, t, pointer)
+        if pick < 0:
+            pick = _least_conflicting(cross, recent, np.flatnonzero(~used), rank)
+        used[pick] = True
+        sequence.append(pick)
+        recent.appendleft(pick)
+        while pointer < movable and used[priority[pointer]]:
+            pointer += 1
+    return sequence + list(range(movable, len(groups)))
+
+
+def group_weights(weights: sp.csr_matrix, groups: Sequence[np.ndarray]) -> sp.csr_matrix:
+    """Summed RLG weight between every two groups, CSR [G, G] with zero diagonal: M.T @ W @ M."""
+    group_of = _step_of(groups, weights.shape[0])
+    membership = sp.csr_matrix(
+        (np.ones(weights.shape[0]), (np.arange(weights.shape[0]), group_of)), shape=(weights.shape[0], len(groups))
+    )
+    cross = (membership.T @ weights @ membership).tocsr()
+    cross.setdiag(0)
+    cross.eliminate_zeros()
+    return cross
+
+
+def _first_free(priority: np.ndarray, used: np.ndarray, blocked_at: np.ndarray, t: int, pointer: int) -> int:
+    """First group in priority order from ``pointer`` that is unused and not blocked at time t, or -1."""
+    chunk = _SCAN_CHUNK
+    while pointer < priority.size:
+        candidates = priority[pointer : pointer + chunk]
+        free = ~used[candidates] & (blocked_at[candidates] != t)
+        if free.any():
+            return int(candidates[np.argmax(free)])
+        pointer += chunk
+        chunk *= 2
+    return -1
+
+
+def _least_conflicting(cross: sp.csr_matrix, recent: deque[int], remaining: np.ndarray, rank: np.ndarray) -> int:
+    """Remaining group with least weight to the previous group, then to the earlier recent ones, then rank."""
+    previous = cross[recent[0]].toarray().ravel()[remaining]
+    earlier = sum((cross[g].toarray().ravel()[remaining] for g in list(recent)[1:]), np.zeros(remaining.size))
+    return int(remaining[np.lexsort((rank[remaining], earlier, previous))[0]])
+
+
+def assign_lpt(
+    views: np.ndarray, cost: np.ndarray, num_workers: int, quota: int
+) -> tuple[tuple[tuple[int, ...], ...], tuple[float, ...]]:
+    """Longest-processing-time-first: views by decreasing cost to the least-loaded worker below ``quota`` views.
+
+    Ties go to the lower worker index. Returns per-worker view tuples [W] and predicted loads [W].
+    """
+    tasks: list[list[int]] = [[] for _ in range(num_workers)]
+    loads = [0.0] * num_workers
+    heap = [(0.0, worker) for worker in range(num_workers)]
+    for view in views[np.argsort(-cost[views], kind="stable")]:
+        load, worker = heapq.heappop(heap)
+        tasks[worker].append(int(view))
+        loads[worker] = load + float(cost[view])
+        if len(tasks[worker]) < quota:
+            heapq.heappush(heap, (loads[worker], worker))
+    return tuple(tuple(t) for t in tasks), tuple(loads)
+
+
+def conflict_by_lag(
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray], step_of: np.ndarray, num_steps: int, max_lag: int
+) -> np.ndarray:
+    """Conflict mass between each step and the steps 1..max_lag before it, [num_steps, max_lag].
+
+    Args:
+        edges: the RLG's upper-triangle edges (rows [E], cols [E], weights [E]).
+        step_of: step of every view [V].
+    """
+    rows, cols, weight = edges
+    a, b = step_of[rows], step_of[cols]
+    lag = np.abs(a - b)
+    near = (lag >= 1) & (lag <= max_lag)
+    slot = np.maximum(a, b)[near] * max_lag + lag[near] - 1
+    return np.bincount(slot, weights=weight[near], minlength=num_steps * max_lag).reshape(num_steps, max_lag)
+
+
+def _step_of(groups: Sequence[np.ndarray], num_views: int) -> np.ndarray:
+    """Group index of every view [V] for groups that partition range(num_views)."""
+    step_of = np.empty(num_views, dtype=np.int64)
+    step_of[np.concatenate(groups)] = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    return step_of
+
+
+def _epoch_to_dict(plan: EpochPlan) -> dict:
+    """JSON-ready dict of an epoch's steps."""
+    return {
+        "epoch": plan.epoch,
+        "random_conflict_mass": plan.random_conflict_mass,
+        "steps": [
+            {
+                "index": s.index,
+                "tasks": [list(t) for t in s.tasks],
+                "worker_cost": list(s.worker_cost),
+                "conflict_mass": s.conflict_mass,
+                "overlap_window": list(s.overlap_window),
+            }
+            for s in plan.steps
+        ],
+    }
+
+
+def _array_digest(array: np.ndarray) -> str:
+    """SHA-256 of a float64 array's bytes."""
+    return hashlib.sha256(np.ascontiguousarray(array, dtype=np.float64).tobytes()).hexdigest()

@@ -1,0 +1,99 @@
+"""The trainer's step driver on two gloo ranks: one step per call, blocking only when no local worker can read; the
+schedule's read gate (``read_after``) holding a step's reads until the steps before its overlap window are
+published; and the other rank's expected tasks turning optimistic reads that would be re-run into waits."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.core.selective_adam import selective_adams
+from odin_nerfstudio.drivers.step_loop import run_step, settle
+from odin_nerfstudio.comm.transport import DistributedTransport
+from odin_nerfstudio.drivers.virtual import run_virtual
+from tests.toy_scene import LRS, assert_identical, make_params, make_runtime, make_schedule, render, snapshot
+
+SCHEDULE = {"num_steps": 6, "num_workers": 2, "per_worker": 1, "num_views": 12, "focal_scale": 2.0}
+LR_SCALE = 8.0
+
+
+def slow_render(task, leaves, generator):
+    """Rank 1 renders slowly, so rank 0 could read ahead of rank 1's publications."""
+    time.sleep(0.3)
+    return render(task, leaves, generator)
+
+
+def _rank(rank: int, init_file: str, out_dir: str, gated: bool, expect: bool) -> None:
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        params = make_params()
+        runtime = OdinRuntime(
+            OdinRuntimeConfig(mode="quality", num_workers=1, record_reads=True, wait_timeout_s=60.0),
+            params,
+            selective_adams(params, {name: lr * LR_SCALE for name, lr in LRS.items()}),
+            [DistributedTransport(params, timeout=60.0)],
+            slow_render if rank == 1 else render,
+        )
+        for step, per_worker in enumerate(make_schedule(**SCHEDULE)):
+            if expect:
+                runtime.expect(per_worker[1 - rank])
+            tasks = [[dataclasses.replace(task, worker=0) for task in per_worker[rank]]]
+            run_step(runtime, step, tasks, read_after=step - 1 if gated else -1)
+        settle(runtime)
+        marks = {f"{key[0]}": record.read_mark for key, record in runtime.final_reads.items()}
+        (Path(out_dir) / f"marks{rank}.json").write_text(json.dumps(marks))
+        counters = runtime.counters
+        failures = {"stale": counters.validation_failures.get("stale", 0), "raw": counters.waits.get("raw", 0)}
+        (Path(out_dir) / f"counters{rank}.json").write_text(json.dumps(failures))
+        torch.save(snapshot(runtime), Path(out_dir) / f"snapshot{rank}.pt")
+    except BaseException:
+        (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def train(tmp_path: Path, gated: bool, expect: bool = False) -> tuple[dict[int, int], dict]:
+    """Both ranks; returns rank 0's read mark per step and its final snapshot (each run checked against barrier)."""
+    mp.spawn(_rank, args=(str(tmp_path / "init"), str(tmp_path), gated, expect), nprocs=2, join=True)
+    errors = [path.read_text() for path in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    marks = {int(step): mark for step, mark in json.loads((tmp_path / "marks0.json").read_text()).items()}
+    final = torch.load(tmp_path / "snapshot0.pt")
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier", num_workers=2), make_params(), lr_scale=LR_SCALE)
+    run_virtual(barrier, make_schedule(**SCHEDULE))
+    assert_identical(final, snapshot(barrier))
+    return marks, final
+
+
+def counters(tmp_path: Path) -> list[dict[str, int]]:
+    """Per rank: its stale validation failures and RAW waits."""
+    return [json.loads((tmp_path / f"counters{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_read_gate_holds_reads_until_the_previous_step_is_published(tmp_path: Path, gated: bool) -> None:
+    marks, _ = train(tmp_path, gated)
+    late = [step for step, mark in marks.items() if mark < step - 1]
+    if gated:
+        assert not late, f"steps {late} read before step - 1 was published"
+    else:
+        assert late, "without the gate the fast rank reads ahead of the slow rank's publications"
+        assert counters(tmp_path)[0]["stale"] > 0, "reading ahead of a conflicting publication ends in a re-run"
+
+
+def test_expected_remote_writes_turn_stale_reruns_into_waits(tmp_path: Path) -> None:
+    """With the other rank's tasks expected (from the schedule), the fast rank waits for a conflicting publication
+    instead of reading early: no stale read to re-run, and still the barrier's result."""
+    train(tmp_path, gated=False, expect=True)
+    fast = counters(tmp_path)[0]
+    assert fast["stale"] == 0 and fast["raw"] > 0

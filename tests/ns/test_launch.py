@@ -1,0 +1,119 @@
+"""odin-train under torchrun: two gloo processes, each one worker with its own replica, train odin-splat through
+ns-train's command line and end bit-identical to one process running both workers as virtual workers (barrier).
+A diverged replica is caught by the checksum with the ranks and parameters named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.comm.replicas import check_replicas
+from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
+from tests.ns.test_training import free_port
+
+BIN = Path(sys.executable).parent
+ITERATIONS = 14
+
+
+def train_args(scene: Path, output: Path, name: str) -> list[str]:
+    return [
+        "odin-splat",
+        "--data",
+        str(scene),
+        "--machine.device-type",
+        "cpu",
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--output-dir",
+        str(output),
+        "--experiment-name",
+        name,
+        "--timestamp",
+        "run",
+        "--max-num-iterations",
+        str(ITERATIONS),
+        "--steps-per-save",
+        str(ITERATIONS),
+        "--steps-per-eval-all-images",
+        "0",
+        "--steps-per-eval-image",
+        "0",
+        "--pipeline.model.num-downscales",
+        "0",
+        "--replica-check-every",
+        "5",
+    ]
+
+
+def final_state(output: Path, name: str) -> dict:
+    allow_nerfstudio_checkpoints()
+    path = output / name / "odin-splat" / "run" / "nerfstudio_models" / f"step-{ITERATIONS - 1:09d}.ckpt"
+    return torch.load(path, map_location="cpu")
+
+
+def run_one_thread(command: list[str]) -> str:
+    """Run a command with one intra-op thread (as each rank has), so both runs round alike; returns its output."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, f"{command[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_two_gloo_ranks_equal_two_virtual_workers(tmp_path: Path) -> None:
+    scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python"]
+    output = run_one_thread([*torchrun, str(BIN / "odin-train"), *train_args(scene, tmp_path, "ranks")])
+    assert "rank 1 of 2 (gloo)" in output
+    run = tmp_path / "ranks" / "odin-splat" / "run"
+    assert (run / "odin_timeline_rank0.json").exists() and (run / "odin_timeline_rank1.json").exists()
+    virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier"]
+    run_one_thread([str(BIN / "ns-train"), *train_args(scene, tmp_path, "virtual"), *virtual])
+
+    ranks, virtual = final_state(tmp_path, "ranks"), final_state(tmp_path, "virtual")
+    params = [key for key in ranks["pipeline"] if "gauss_params" in key]
+    assert len(params) == 6
+    for key in params:
+        assert torch.equal(ranks["pipeline"][key], virtual["pipeline"][key]), key
+    for name, state in ranks["optimizers"].items():
+        for key, value in state["state"][0].items():
+            assert torch.equal(value, virtual["optimizers"][name]["state"][0][key]), (name, key)
+
+
+def _diverging_rank(rank: int, init_file: str, out_dir: str) -> None:
+    """Rank 1 nudges one opacity; both ranks check their replicas."""
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        params = {"means": torch.ones(5, 3), "opacities": torch.zeros(5)}
+        check_replicas(params, step=3)
+        if rank == 1:
+            params["opacities"][2] += 1e-6
+        try:
+            check_replicas(params, step=7)
+            message = "no error"
+        except RuntimeError as error:
+            message = str(error)
+        (Path(out_dir) / f"message{rank}.txt").write_text(message)
+    except BaseException:
+        (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def test_replica_check_names_the_step_rank_and_parameter(tmp_path: Path) -> None:
+    mp.spawn(_diverging_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    errors = [path.read_text() for path in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    for rank in range(2):
+        message = (tmp_path / f"message{rank}.txt").read_text()
+        assert "by step 7" in message and "{1: ['opacities']}" in message, message

@@ -1,0 +1,126 @@
+"""OdinTrainer: ns-train's odin-splat trains through the runtime, one schedule step per iteration.
+
+Quality-first equals the barrier in the trainer too (with a densification), learning-rate schedules follow the
+publications, a resumed run continues bit for bit, the timeline and counters are written, and models the runtime
+cannot train are refused before any work.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+
+from odin_nerfstudio.ns.trainer import OdinTrainer
+from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic street scene (24 views)."""
+    return make_scene(SynthConfig(preset="street", output=tmp_path_factory.mktemp("street")))
+
+
+def trainer_config(scene: Path, output: Path, iterations: int, workers: int = 2, mode: str = "quality", **model):
+    """odin-splat on CPU, no viewer or evaluation, W virtual workers, a densification at step 40 when asked."""
+    from odin_nerfstudio.method_configs.odin_splat import odin_splat
+
+    config = copy.deepcopy(odin_splat.config)
+    config.pipeline.datamanager.data = scene
+    config.pipeline.datamanager.num_workers = workers
+    config.pipeline.model.num_downscales = 0
+    for name, value in model.items():
+        setattr(config.pipeline.model, name, value)
+    config.runtime.mode = mode
+    config.machine.device_type = "cpu"
+    config.vis = "tensorboard"
+    config.output_dir = output
+    config.max_num_iterations = iterations
+    config.steps_per_eval_all_images = 0
+    config.steps_per_eval_image = 0
+    config.steps_per_save = 10
+    config.logging.steps_per_log = 5
+    config.optimizers["means"]["scheduler"] = ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=40)
+    config.set_timestamp()
+    return config
+
+
+def train(config) -> OdinTrainer:
+    """Set up and run a trainer from ``config``; returns it."""
+    torch.manual_seed(0)
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    trainer.train()
+    return trainer
+
+
+def snapshot(trainer: OdinTrainer) -> dict[str, torch.Tensor]:
+    """Every Gaussian parameter and its selective Adam moments."""
+    out = {}
+    for name, param in trainer.pipeline.model.gauss_params.items():
+        out[name] = param.detach().clone()
+        state = trainer.optimizers.optimizers[name].state[param]
+        out[f"{name}.exp_avg"], out[f"{name}.exp_avg_sq"] = state["exp_avg"].clone(), state["exp_avg_sq"].clone()
+    return out
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+DENSIFY = {"warmup_length": 20, "refine_every": 10, "densify_grad_thresh": 2e-4}
+
+
+def test_quality_equals_barrier_in_the_trainer_across_a_densification(street: Path, tmp_path: Path) -> None:
+    quality = train(trainer_config(street, tmp_path / "q", 42, **DENSIFY))
+    barrier = train(trainer_config(street, tmp_path / "b", 42, mode="barrier", **DENSIFY))
+    assert quality.runtime.config.num_workers == 2 and quality.runtime.published_through == 41
+    seeded = quality.pipeline.datamanager.train_dataparser_outputs.metadata["points3D_xyz"].shape[0]
+    assert quality.pipeline.model.num_points != seeded, "the densification at step 40 changed the Gaussians"
+    assert_identical(snapshot(quality), snapshot(barrier))
+
+    run = quality.base_dir
+    trace = json.loads((run / "odin_timeline.json").read_text())
+    assert {event["name"] for event in trace["traceEvents"]} >= {"render", "backward", "publish"}
+    counters = json.loads((run / "odin_counters.json").read_text())
+    schedule = quality.pipeline.datamanager.schedule
+    scheduled = sum(len(views) for step in range(42) for views in schedule.at(step).tasks)
+    assert counters["publications"] == 42 and counters["tasks"] == scheduled + counters["reruns"]
+    events = list(run.glob("events.out.tfevents.*"))
+    assert events and b"odin/bookkeeping_ms_per_task" in events[0].read_bytes()
+
+
+def test_learning_rate_schedule_steps_once_per_published_step(street: Path, tmp_path: Path) -> None:
+    trainer = train(trainer_config(street, tmp_path, 12))
+    reference = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.6e-4)
+    scheduler = ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=40).setup().get_scheduler(reference, 1.6e-4)
+    for _ in range(12):
+        reference.step()
+        scheduler.step()
+    assert trainer.optimizers.optimizers["means"].param_groups[0]["lr"] == reference.param_groups[0]["lr"]
+
+
+def test_a_resumed_run_continues_bit_for_bit(street: Path, tmp_path: Path) -> None:
+    straight = train(trainer_config(street, tmp_path / "straight", 20))
+    first = train(trainer_config(street, tmp_path / "first", 10))
+    resumed_config = trainer_config(street, tmp_path / "resumed", 10)
+    resumed_config.load_dir = first.checkpoint_dir
+    resumed = train(resumed_config)
+    assert resumed.runtime.published_through == 19
+    assert_identical(snapshot(resumed), snapshot(straight))
+
+
+def test_a_model_with_a_camera_optimizer_is_refused_before_training(street: Path, tmp_path: Path) -> None:
+    config = trainer_config(street, tmp_path, 5)
+    config.pipeline.model.camera_optimizer.mode = "SO3xR3"
+    trainer = config.setup(local_rank=0, world_size=1)
+    with pytest.raises(ValueError, match="camera-optimizer.mode off"):
+        trainer.setup()

@@ -1,0 +1,221 @@
+"""End to end: odin-splat trains through nerfstudio's Trainer and CLI on CPU, resumes, evaluates and exports."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from tests.conftest import real_scene
+
+BIN = Path(sys.executable).parent
+CPU_ARGS = ["--machine.device-type", "cpu", "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True"]
+SMALL_ARGS = ["--pipeline.model.num-downscales", "0", "--pipeline.datamanager.camera-res-scale-factor", "0.25"]
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run an ns-* command from this environment; fail with its output when it fails."""
+    result = subprocess.run(
+        [str(BIN / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
+    assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def viewer_loads(config: Path, timeout: float = 180) -> None:
+    """Start ns-viewer on a run, wait until it has loaded the checkpoint and serves, then stop it."""
+    command = [str(BIN / "ns-viewer"), "--load-config", str(config), "--viewer.websocket-port", str(free_port())]
+    viewer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and viewer.poll() is None:
+            ready, _, _ = select.select([viewer.stdout], [], [], 1.0)
+            if ready:
+                seen.append(viewer.stdout.readline())
+                if "Done loading checkpoint" in "".join(seen) and "Websocket" in "".join(seen):
+                    return
+        pytest.fail(f"ns-viewer did not load {config} within {timeout} s:\n{''.join(seen)[-3000:]}")
+    finally:
+        viewer.terminate()
+        viewer.wait(timeout=30)
+
+
+def fern_trainer_config(output_dir: Path, iterations: int):
+    """The odin-splat method config pointed at fern at quarter resolution, on CPU, without the viewer."""
+    from odin_nerfstudio.method_configs.odin_splat import odin_splat
+
+    config = copy.deepcopy(odin_splat.config)
+    config.pipeline.datamanager.data = real_scene("fern")
+    config.pipeline.datamanager.camera_res_scale_factor = 0.25
+    config.pipeline.model.num_downscales = 0
+    config.machine.device_type = "cpu"
+    config.vis = "tensorboard"
+    config.output_dir = output_dir
+    config.max_num_iterations = iterations
+    config.steps_per_eval_all_images = 0
+    config.steps_per_eval_image = 0
+    config.steps_per_save = iterations
+    config.set_timestamp()
+    return config
+
+
+def test_ns_train_lists_odin_splat_and_its_options() -> None:
+    listing = run_cli("ns-train", "--help").stdout
+    assert "odin-splat" in listing
+    options = run_cli("ns-train", "odin-splat", "--help").stdout
+    assert "odin-colmap" in options
+    assert "--pipeline.model.rasterize-mode" in options
+    for odin_option in ("num-workers", "views-per-step", "schedule-seed"):
+        assert f"--pipeline.datamanager.{odin_option}" in options
+    for runtime_option in ("--runtime.mode", "--runtime.ring-slots", "--follow-overlap-window", "--check-escapes"):
+        assert runtime_option in options
+
+
+def test_a_broken_optional_import_does_not_break_ns_train() -> None:
+    """With pycolmap, the rasterizer and the RLG/schedule modules unimportable, nerfstudio still finds every method."""
+    hidden = (
+        "pycolmap",
+        "odin_nerfstudio.rendering.rasterize",
+        "odin_nerfstudio.rendering.cpu_rasterizer",
+        "odin_nerfstudio.scheduling.tracks",
+        "odin_nerfstudio.scheduling.rlg",
+        "odin_nerfstudio.scheduling.schedule",
+    )
+    code = (
+        "import sys\n"
+        f"for name in {hidden!r}:\n"
+        "    sys.modules[name] = None\n"
+        "from nerfstudio.configs.method_configs import all_methods\n"
+        "from nerfstudio.configs.dataparser_configs import all_dataparsers\n"
+        "assert 'odin-splat' in all_methods and 'splatfacto' in all_methods, sorted(all_methods)\n"
+        "assert 'odin-colmap' in all_dataparsers, sorted(all_dataparsers)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_fern_psnr_improves_by_2db_in_100_iterations(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    trainer = fern_trainer_config(tmp_path, iterations=100).setup(local_rank=0, world_size=1)
+    trainer.setup()
+    before = trainer.pipeline.get_average_eval_image_metrics(step=0)["psnr"]
+    trainer.train()
+    after = trainer.pipeline.get_average_eval_image_metrics(step=100)["psnr"]
+    print(f"fern held-out PSNR: {before:.2f} dB -> {after:.2f} dB after 100 iterations")
+    assert after >= before + 2.0, (before, after)
+
+
+@pytest.mark.slow
+def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
+    fern = real_scene("fern")
+    common = [
+        "ns-train",
+        "odin-splat",
+        "--data",
+        str(fern),
+        *CPU_ARGS,
+        *SMALL_ARGS,
+        "--output-dir",
+        str(tmp_path),
+        "--steps-per-eval-all-images",
+        "0",
+        "--steps-per-eval-image",
+        "0",
+    ]
+    run_cli(*common, "--max-num-iterations", "20", "--steps-per-save", "10", "--timestamp", "first")
+    first = tmp_path / "fern" / "odin-splat" / "first"
+    assert (first / "nerfstudio_models" / "step-000000019.ckpt").exists()
+    assert list(first.glob("events.out.tfevents.*")), "tensorboard events are written"
+
+    run_cli(
+        *common,
+        "--max-num-iterations",
+        "10",
+        "--steps-per-save",
+        "10",
+        "--timestamp",
+        "resumed",
+        "--load-dir",
+        str(first / "nerfstudio_models"),
+    )
+    resumed = tmp_path / "fern" / "odin-splat" / "resumed"
+    allow_nerfstudio_checkpoints()
+    checkpoint = torch.load(resumed / "nerfstudio_models" / "step-000000029.ckpt", map_location="cpu")
+    assert checkpoint["step"] == 29, "the resumed run continues from step 20 for 10 more iterations"
+
+    run_cli("ns-eval", "--load-config", str(resumed / "config.yml"), "--output-path", str(tmp_path / "eval.json"))
+    results = json.loads((tmp_path / "eval.json").read_text())["results"]
+    assert results["psnr"] > 10.0
+
+    run_cli(
+        "ns-export",
+        "gaussian-splat",
+        "--load-config",
+        str(resumed / "config.yml"),
+        "--output-dir",
+        str(tmp_path / "export"),
+    )
+    ply = (tmp_path / "export" / "splat.ply").read_bytes()
+    vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
+    assert vertices == checkpoint["pipeline"]["_model.gauss_params.means"].shape[0]
+
+
+@pytest.mark.slow
+def test_synthetic_scene_trains_with_wandb_offline(tmp_path: Path) -> None:
+    """odin-synth writes a scene, ns-train trains on it logging to wandb offline, ns-eval reports its PSNR."""
+    scene = tmp_path / "object"
+    run_cli("odin-synth", "--preset", "object", "--num-views", "12", "--num-gaussians", "6000", "--output", str(scene))
+    run_cli(
+        "ns-train",
+        "odin-splat",
+        "--data",
+        str(scene),
+        "--machine.device-type",
+        "cpu",
+        "--vis",
+        "wandb",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--pipeline.model.num-downscales",
+        "0",
+        "--output-dir",
+        str(tmp_path),
+        "--max-num-iterations",
+        "40",
+        "--steps-per-save",
+        "40",
+        "--steps-per-eval-all-images",
+        "0",
+        "--steps-per-eval-image",
+        "0",
+        "--timestamp",
+        "wb",
+    )
+    run_dir = tmp_path / "object" / "odin-splat" / "wb"
+    runs = list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
+    assert runs and runs[0].stat().st_size > 0
+    run_cli("ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(tmp_path / "eval.json"))
+    assert json.loads((tmp_path / "eval.json").read_text())["results"]["psnr"] > 10.0

@@ -1,0 +1,183 @@
+"""The cheap escape check is sound: the drawable region holds every Gaussian the projection draws, the block index
+culls exactly what the full scan does, and validation with an EscapeCheck finds exactly the escapes of the
+projection of every row, on random, synthetic-street and real configurations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
+from odin_nerfstudio.rendering.rasterize import drawn_rows
+from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntimeConfig
+from odin_nerfstudio.scenes.synth import intrinsics, street_rig_cameras, street_world
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.drivers.virtual import run_virtual
+from tests.conftest import REAL_SCENES, real_scene
+from tests.toy_scene import assert_identical, make_params, make_runtime, make_schedule, render_gsplat, snapshot
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def random_camera(generator: torch.Generator) -> Camera:
+    """A camera at a random pose with a random focal length, off-centre principal point and image size."""
+    width, height = (int(v) for v in torch.randint(6, 48, (2,), generator=generator))
+    focal = float(torch.empty(1).uniform_(0.3, 3.0, generator=generator)) * width
+    aspect = float(torch.empty(1).uniform_(0.7, 1.4, generator=generator))
+    cx = width * float(torch.empty(1).uniform_(0.2, 0.8, generator=generator))
+    cy = height * float(torch.empty(1).uniform_(0.2, 0.8, generator=generator))
+    K = torch.tensor([[focal, 0.0, cx], [0.0, focal * aspect, cy], [0.0, 0.0, 1.0]])
+    rotation, _ = torch.linalg.qr(torch.randn(3, 3, generator=generator))
+    viewmat = torch.eye(4)
+    viewmat[:3, :3] = rotation * torch.sign(torch.det(rotation))
+    viewmat[:3, 3] = torch.randn(3, generator=generator)
+    return Camera(viewmat, K, width, height)
+
+
+def random_gaussians(camera: Camera, count: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """Gaussians around a camera (in front, behind, at the near plane, far off-axis) with scales from tiny to
+    larger than their depth, in gsplat's layout (log-scales)."""
+    local = torch.randn(count, 3, generator=generator) * torch.tensor([3.0, 3.0, 2.0])
+    local[: count // 8, 2] = torch.empty(count // 8).uniform_(-0.05, 0.1, generator=generator)
+    rotation, translation = camera.viewmat[:3, :3], camera.viewmat[:3, 3]
+    means = (local - translation) @ rotation
+    return {
+        "means": means,
+        "scales": torch.randn(count, 3, generator=generator) * 1.5 - 2.5,
+        "quats": torch.randn(count, 4, generator=generator),
+    }
+
+
+def drawn(camera: Camera, rows: dict[str, Tensor], eps2d: float = 0.3, near_plane: float = 0.01) -> Tensor:
+    """Rows the rasterizer's projection gives radius > 0, sorted int64 [V]."""
+    return torch.nonzero(drawn_rows(camera, rows, eps2d, near_plane)).flatten()
+
+
+def assert_sound_and_exact(camera: Camera, rows: dict[str, Tensor], eps2d: float = 0.3, near: float = 0.01) -> None:
+    """Every drawn row meets the drawable region, and the block index finds exactly the full scan's rows."""
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    region = CullRegion.drawable(camera, eps2d, near)
+    inside = torch.nonzero(bounds.meets(region)).flatten()
+    visible = drawn(camera, rows, eps2d, near)
+    assert torch.isin(visible, inside).all(), f"{int((~torch.isin(visible, inside)).sum())} drawn rows outside"
+    assert torch.equal(bounds.rows_in(region), inside)
+    candidates = CullRegion.candidates(camera, 0.1, near)
+    assert torch.equal(bounds.rows_in(candidates), torch.nonzero(bounds.meets(candidates)).flatten())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_drawable_region_holds_every_drawn_gaussian_on_random_configurations(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    eps2d, near = [(0.3, 0.01), (0.1, 0.2), (1.0, 0.05)][seed % 3]
+    camera = random_camera(generator)
+    rows = random_gaussians(camera, 3000, generator)
+    assert_sound_and_exact(camera, rows, eps2d, near)
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    assert not bounds.meets(CullRegion.drawable(camera, eps2d, near)).all(), "the bound culls nothing"
+
+
+def street_rig(length: float, width: int, height: int) -> list[Camera]:
+    """The benchmark's street-scan rig (``synth.street_rig_cameras``, 70 deg FOV) as runtime cameras."""
+    K = torch.tensor(intrinsics(width, height, 70.0), dtype=torch.float32)
+    return [Camera(v.float(), K, width, height) for v in torch.tensor(street_rig_cameras(length))]
+
+
+def test_drawable_region_and_block_index_on_a_street_after_updates() -> None:
+    """A perturbed street world (the benchmark's scene, smaller): sound and exact before and after publications
+    move rows (the block boxes grow and the index is rebuilt once they have grown enough)."""
+    world = street_world(20_000, np.random.default_rng(0), 40.0)
+    generator = torch.Generator().manual_seed(1)
+    rows = {
+        "means": world.means + 0.3 * world.scales[:, :1] * torch.randn(world.means.shape, generator=generator),
+        "scales": torch.log(world.scales) + 0.2 * torch.randn(world.scales.shape, generator=generator),
+        "quats": world.quats + 0.1 * torch.randn(world.quats.shape, generator=generator),
+    }
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    for index, camera in enumerate(street_rig(40.0, 64, 48)[::3]):
+        assert_sound_and_exact(camera, rows)
+        region = CullRegion.candidates(camera, 0.1)
+        assert torch.equal(bounds.rows_in(region), torch.nonzero(bounds.meets(region)).flatten())
+        moved = torch.unique(torch.randint(0, world.means.shape[0], (2000,), generator=generator))
+        rows["means"][moved] += (0.02 + 0.3 * (index % 4 == 3)) * torch.randn(moved.numel(), 3, generator=generator)
+        rows["scales"][moved] += 0.1 * torch.randn(moved.numel(), 3, generator=generator)
+        bounds.update(moved, rows["means"][moved], torch.exp(rows["scales"][moved]))
+        assert torch.equal(bounds.centres, rows["means"].T)
+
+
+def gsplat_visibility(task: Task, rows: dict[str, Tensor]) -> Tensor:
+    """The rows ``render_gsplat`` draws for ``task`` (its projection, no compositing), bool [M]."""
+    visible = torch.zeros(rows["means"].shape[0], dtype=torch.bool)
+    visible[drawn(task.camera, rows)] = True
+    return visible
+
+
+def recorded(escaped, found: list[Tensor]):
+    """``runtime._escaped`` that also appends each answer to ``found``."""
+
+    def record(task: Task, candidate: Tensor) -> Tensor:
+        found.append(escaped(task, candidate))
+        return found[-1]
+
+    return record
+
+
+def test_escape_check_finds_the_escapes_of_the_full_projection() -> None:
+    """A too narrow frustum (negative margin) makes rows escape: validation with an EscapeCheck (few rows
+    projected) finds exactly the escapes of the projection of all N rows, so the runs are bit-identical."""
+    escapes = {}
+    results = {}
+    for name, check in {
+        "all rows": gsplat_visibility,
+        "drawable rows": EscapeCheck(gsplat_visibility, lambda task: CullRegion.drawable(task.camera)),
+    }.items():
+        for mode, turns in (("barrier", []), ("quality", [1] * 12)):
+            config = OdinRuntimeConfig(mode=mode, num_workers=2, candidate_margin=-0.35)
+            runtime = make_runtime(config, make_params(80), render_fn=render_gsplat, visibility_fn=check)
+            runtime._escaped = recorded(runtime._escaped, escapes.setdefault((name, mode), []))
+            run_virtual(runtime, make_schedule(4, 2, 1, 6), turns)
+            results[(name, mode)] = (snapshot(runtime), runtime.counters.validation_failures.get("escape", 0))
+    for mode in ("barrier", "quality"):
+        full, cheap = escapes[("all rows", mode)], escapes[("drawable rows", mode)]
+        assert len(full) == len(cheap) and all(torch.equal(a, b) for a, b in zip(full, cheap, strict=True))
+        assert results[("all rows", mode)][1] == results[("drawable rows", mode)][1] > 0
+        assert_identical(results[("all rows", mode)][0], results[("drawable rows", mode)][0])
+    assert_identical(results[("drawable rows", "quality")][0], results[("drawable rows", "barrier")][0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scene_name", REAL_SCENES)
+def test_escape_check_on_real_scenes(scene_name: str) -> None:
+    """Real scenes (SfM-initialized Gaussians, real cameras at the model's first downscale): every Gaussian the
+    renderer's projection draws meets its drawable region, and with too narrow candidate sets the restricted
+    check finds exactly the rows of the full projection outside C(t)."""
+    from odin_nerfstudio.ns.splat_runtime import SplatTaskRenderer, odin_camera
+    from tests.runtime.test_equivalence import pipeline_config
+
+    config = pipeline_config(real_scene(scene_name), 2, 0.5)
+    config.model.num_downscales = 1
+    torch.manual_seed(0)
+    pipeline = config.setup(device="cpu", test_mode="val", world_size=1, local_rank=0)
+    model = pipeline.model
+    model.train()
+    renderer = SplatTaskRenderer(model, [])
+    params = {name: p.detach() for name, p in model.gauss_params.items()}
+    bounds = BoundingSpheres.of(params["means"], torch.exp(params["scales"]))
+    cameras = pipeline.datamanager.train_dataset.cameras
+    escaped_somewhere = False
+    for view in range(len(cameras)):
+        task = Task(0, 0, 0, view, odin_camera(cameras, view))
+        camera = renderer.render_camera(task)
+        assert camera.width < task.camera.width, "the check must run at the model's downscale"
+        assert_sound_and_exact(camera, params)
+        visible = torch.nonzero(renderer.visible(task, params)).flatten()
+        candidate = bounds.rows_in(CullRegion.candidates(camera, -0.3))
+        region = bounds.rows_in(renderer.drawable(task))
+        outside = region[~torch.isin(region, candidate)]
+        gathered = {name: p[outside] for name, p in params.items()}
+        cheap = outside[renderer.visible(task, gathered)]
+        assert torch.equal(cheap, visible[~torch.isin(visible, candidate)])
+        escaped_somewhere |= cheap.numel() > 0
+    assert escaped_somewhere

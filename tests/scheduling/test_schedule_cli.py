@@ -1,0 +1,110 @@
+"""odin-schedule on the real scenes: printed statistics match the library, the PNG is drawn, bad input is explained."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.scheduling.cli import main, principal_plane
+from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
+from tests.conftest import real_scene
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def number(pattern: str, text: str) -> float:
+    """The number captured by ``pattern`` in ``text``."""
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in:\n{text}"
+    return float(found.group(1))
+
+
+def test_statistics_match_the_library_and_the_png_is_drawn(
+    any_real_scene: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    png = tmp_path / "plots" / "rlg.png"
+    options = ["--workers", "2", "--views-per-step", "2", "--seed", "3", "--output", str(png)]
+    main(["--data", str(any_real_scene), *options])
+    out = capsys.readouterr().out
+
+    tracks = read_colmap_tracks(any_real_scene / "sparse" / "0")
+    rlg = RelativeLocalityGraph.from_point_sets(tracks.point_ids)
+    schedule = Schedule(rlg, ScheduleConfig(num_workers=2, views_per_worker=2, seed=3), tracks.pixels)
+    graph, stats = rlg.summary(), schedule.summary()
+    assert number(r"RLG: (\d+) views", out) == graph["views"] == len(tracks.image_names)
+    assert number(r"(\d+) edges", out) == graph["edges"]
+    assert number(r"mean weight ([\d.]+)", out) == pytest.approx(graph["mean_weight"], abs=5e-5)
+    assert number(r"max weight ([\d.]+)", out) == pytest.approx(graph["max_weight"], abs=5e-5)
+    assert number(r"(\d+) steps per epoch", out) == schedule.steps_per_epoch
+    assert number(r"([\d.]+) scheduled", out) == pytest.approx(stats["conflict_mass"], abs=5e-5)
+    assert number(r"([\d.]+) random order", out) == pytest.approx(stats["random_conflict_mass"], abs=5e-5)
+    assert number(r"ratio ([\d.]+)", out) == pytest.approx(stats["ratio"], abs=5e-4)
+    assert number(r"balance .*: ([\d.]+)", out) == pytest.approx(stats["balance"], abs=5e-4)
+    assert stats["random_conflict_mass"] == pytest.approx(schedule.random_conflict_profile(0).sum())
+
+    assert f"wrote {png}" in out
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    with Image.open(png) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    assert pixels.shape[1] > 2 * pixels.shape[0] and pixels.std() > 10
+
+
+def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path: Path) -> None:
+    fern = real_scene("fern")
+    result = subprocess.run(
+        [sys.executable, "-m", "odin_nerfstudio.scheduling.cli", "--data", str(fern), "--workers", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RLG: 20 views, 190 edges" in result.stdout
+    assert "W=3 workers x B=1 views = 3 views per step, 7 steps per epoch (the last one short: 2 views)" in (
+        result.stdout
+    )
+    assert "wrote" not in result.stdout and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--data", "{missing}"], r"scene folder .*missing does not exist; pass --data <scene>"),
+        (["--data", "{empty}"], r"COLMAP model folder .*sparse/0 does not exist"),
+        (
+            ["--data", "{fern}", "--workers", "8", "--views-per-step", "4"],
+            r"8 x 4 = 32 views per step, but the scene has only V = 20 views.*single short step.*W x B <= 20",
+        ),
+        (["--data", "{fern}", "--workers", "0"], r"invalid schedule options .*num_workers.*--workers"),
+        (["--data", "{fern}", "--output", "{empty}/plot.jpg"], r"--output must name a .png file"),
+    ],
+)
+def test_bad_input_is_explained(tmp_path: Path, arguments: list[str], message: str) -> None:
+    places = {"missing": tmp_path / "missing", "empty": tmp_path, "fern": real_scene("fern")}
+    with pytest.raises(SystemExit) as exit_info:
+        main([argument.format(**places) for argument in arguments])
+    assert str(exit_info.value).startswith("odin-schedule: error: ")
+    assert re.search(message, str(exit_info.value)), str(exit_info.value)
+
+
+def test_missing_data_option_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--workers", "2"])
+    assert exit_info.value.code == 2
+    assert "--data" in capsys.readouterr().err
+
+
+def test_principal_plane_keeps_the_two_main_axes_and_centres_unposed_views() -> None:
+    line = np.array([[0.0, 0.0, 0.0], [10.0, 1.0, 0.0], [20.0, 0.0, 0.0], [np.nan, np.nan, np.nan]])
+    plane = principal_plane(line)
+    assert plane.shape == (4, 2)
+    assert np.ptp(plane[:3, 0]) == pytest.approx(20.0, abs=0.2)
+    np.testing.assert_allclose(plane[3], 0.0)
