@@ -43,3 +43,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def default_torch_threads() -> int:
+    """Torch's default intra-op thread count, for tests that show results do not depend on thread scheduling.
+
+    Skips on a machine with one core (no threads to race); elsewhere fails if the count is 1 (OMP_NUM_THREADS=1 or a
+    leftover set_num_threads(1)), so such a test cannot pass single-threaded.
+    """
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2:
+        pytest.skip("one CPU core: torch runs one intra-op thread, so thread scheduling cannot change any result")
+    threads = torch.get_num_threads()
+    assert threads > 1, f"needs the default thread count (> 1) on {cores} cores, got {threads}: unset OMP_NUM_THREADS"
+    return threads

@@ -436,7 +436,7 @@ def composite(
     """
     C, N, D = features.shape
     pixel_centres = torch.stack([pixel_ids % width, pixel_ids // width % height], dim=-1).to(means2d.dtype) + 0.5
-    delta = means2d.reshape(-1, 2)[gaussian_ids] - pixel_centres
+    delta = means2d.reshape(-1, 2).index_select(0, gaussian_ids) - pixel_centres
     if absgrad and delta.requires_grad:
 
         def store_absgrad(grad: Tensor) -> None:
@@ -444,18 +444,18 @@ def composite(
             means2d.absgrad = absolute.reshape(C, N, 2)
 
         delta.register_hook(store_absgrad)
-    conic = conics.reshape(-1, 3)[gaussian_ids]
+    conic = conics.reshape(-1, 3).index_select(0, gaussian_ids)
     dx, dy = delta[:, 0], delta[:, 1]
     sigma = 0.5 * (conic[:, 0] * dx * dx + conic[:, 2] * dy * dy) + conic[:, 1] * dx * dy
-    alpha = torch.clamp_max(opacities.reshape(-1)[gaussian_ids] * torch.exp(-sigma), ALPHA_MAX)
+    alpha = torch.clamp_max(opacities.reshape(-1).index_select(0, gaussian_ids) * torch.exp(-sigma), ALPHA_MAX)
 
     log_t = torch.log1p(-alpha.double())
     log_t_before = torch.cumsum(log_t, 0) - log_t
-    log_t_before = log_t_before - log_t_before[segment_starts(pixel_ids)]
+    log_t_before = log_t_before - log_t_before.index_select(0, segment_starts(pixel_ids))
     weights = alpha * torch.exp(log_t_before).to(alpha.dtype)
     n_pixels = C * height * width
     render = torch.zeros(n_pixels, D, dtype=features.dtype).index_add(
-        0, pixel_ids, weights[:, None] * features.reshape(-1, D)[gaussian_ids]
+        0, pixel_ids, weights[:, None] * features.reshape(-1, D).index_select(0, gaussian_ids)
     )
     t_final = torch.exp(torch.zeros(n_pixels, dtype=log_t.dtype).index_add(0, pixel_ids, log_t)).to(alpha.dtype)
     render = render.reshape(C, height, width, D)

@@ -18,8 +18,6 @@ from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from odin_nerfstudio.ns.trainer import OdinTrainer
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture(scope="module")
 def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -79,9 +77,12 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 DENSIFY = {"warmup_length": 20, "refine_every": 10, "densify_grad_thresh": 2e-4}
 
 
-def test_quality_equals_barrier_in_the_trainer_across_a_densification(street: Path, tmp_path: Path) -> None:
+def test_quality_equals_barrier_in_the_trainer_across_a_densification(
+    street: Path, tmp_path: Path, default_torch_threads: int
+) -> None:
     quality = train(trainer_config(street, tmp_path / "q", 42, **DENSIFY))
     barrier = train(trainer_config(street, tmp_path / "b", 42, mode="barrier", **DENSIFY))
+    assert torch.get_num_threads() == default_torch_threads > 1
     assert quality.runtime.config.num_workers == 2 and quality.runtime.published_through == 41
     seeded = quality.pipeline.datamanager.train_dataparser_outputs.metadata["points3D_xyz"].shape[0]
     assert quality.pipeline.model.num_points != seeded, "the densification at step 40 changed the Gaussians"
@@ -108,12 +109,13 @@ def test_learning_rate_schedule_steps_once_per_published_step(street: Path, tmp_
     assert trainer.optimizers.optimizers["means"].param_groups[0]["lr"] == reference.param_groups[0]["lr"]
 
 
-def test_a_resumed_run_continues_bit_for_bit(street: Path, tmp_path: Path) -> None:
+def test_a_resumed_run_continues_bit_for_bit(street: Path, tmp_path: Path, default_torch_threads: int) -> None:
     straight = train(trainer_config(street, tmp_path / "straight", 20))
     first = train(trainer_config(street, tmp_path / "first", 10))
     resumed_config = trainer_config(street, tmp_path / "resumed", 10)
     resumed_config.load_dir = first.checkpoint_dir
     resumed = train(resumed_config)
+    assert torch.get_num_threads() == default_torch_threads > 1
     assert resumed.runtime.published_through == 19
     assert_identical(snapshot(resumed), snapshot(straight))
 

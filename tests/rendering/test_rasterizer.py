@@ -437,3 +437,26 @@ def test_projected_radii_equal_the_rasterizer_radii() -> None:
     radii = projected_radii(means, quats, scales, viewmats, Ks, 40, 30)
     assert torch.equal(radii, info["radii"])
     assert 0 < int((radii > 0).sum()) < 300
+
+
+def test_backward_is_bit_identical_at_the_default_thread_count(default_torch_threads: int) -> None:
+    """Gradients do not depend on how torch's intra-op threads are scheduled: the same backward five times gives the
+    same bits. Gathers with duplicate ids must not back-propagate through `x[ids]`: on CPU its backward,
+    `index_put_(accumulate=True)`, adds float32 in parallel atomics (>= 32768 elements, > 1 thread) in whatever
+    order the threads run."""
+    scene = make_scene(300, 96, 72, sh_degree=1, seed=7, dtype=torch.float32, scale=0.1)
+    leaves = {name: scene[name].requires_grad_(True) for name in ("means", "quats", "scales", "opacities", "colors")}
+    target = torch.rand(1, 72, 96, 3, generator=torch.Generator().manual_seed(3))
+    runs = []
+    for _ in range(5):
+        for leaf in leaves.values():
+            leaf.grad = None
+        out, _, info = render(scene, sh_degree=1)
+        info["means2d"].retain_grad()
+        ((out - target) ** 2).mean().backward()
+        runs.append({"means2d": info["means2d"].grad, **{name: leaf.grad for name, leaf in leaves.items()}})
+    assert torch.get_num_threads() == default_torch_threads > 1
+    assert int((info["radii"] > 0).sum()) > 200, "most Gaussians must be drawn, with many pixels each"
+    for run in runs[1:]:
+        for name, grad in runs[0].items():
+            assert torch.equal(run[name], grad), f"{name}.grad differs between identical runs"

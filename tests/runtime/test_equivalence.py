@@ -24,8 +24,6 @@ from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.conftest import real_scene
 from tests.toy_scene import snapshot
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 STEPS = 100
 
 
@@ -63,7 +61,9 @@ def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 4])
 @pytest.mark.parametrize("scene_name", ["fern", "street"])
-def test_quality_first_is_bit_identical_to_barrier(scene_name: str, workers: int, request) -> None:
+def test_quality_first_is_bit_identical_to_barrier(
+    scene_name: str, workers: int, request: pytest.FixtureRequest, default_torch_threads: int
+) -> None:
     scene, scale = (real_scene("fern"), 0.125) if scene_name == "fern" else (request.getfixturevalue("street"), 0.5)
     config = pipeline_config(scene, workers, scale)
     lrs = splat_learning_rates(odin_splat_optimizers())
@@ -88,11 +88,12 @@ def test_quality_first_is_bit_identical_to_barrier(scene_name: str, workers: int
         for key in expected:
             assert torch.equal(actual[key], expected[key]), f"{name}: {key} differs from the barrier baseline"
         conflicts += runtime.counters.waits.get("raw", 0) + runtime.counters.reruns
+    assert torch.get_num_threads() == default_torch_threads > 1
     assert conflicts > 0, "the interleavings must make quality-first wait or re-run, or the test proves nothing"
 
 
 @pytest.mark.slow
-def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun() -> None:
+def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun(default_torch_threads: int) -> None:
     """With a negative culling margin, candidate sets miss Gaussians the rasterizer draws: every such task is
     counted as an escape and re-run on its widened set, so quality-first still equals the barrier baseline."""
     config = pipeline_config(real_scene("fern"), 2, 0.125)
@@ -104,3 +105,4 @@ def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun() -> None:
     assert runtime.counters.reruns >= runtime.counters.validation_failures["escape"]
     expected, actual = snapshot(baseline_runtime), snapshot(runtime)
     assert all(torch.equal(actual[key], expected[key]) for key in expected)
+    assert torch.get_num_threads() == default_torch_threads > 1
