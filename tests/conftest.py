@@ -1,4 +1,5 @@
-"""Shared fixtures: the real scenes in ../shared/data, skipped with a reason outside CI, required inside it."""
+"""Shared fixtures: the real scenes. kermit_320 ships in tests/data and is always there; fern, fountain_p11 and kermit
+(640x480) live in ../shared/data, skipped with a reason outside CI when absent, required inside it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,20 @@ from pathlib import Path
 
 import pytest
 
+TESTS_DATA = Path(__file__).resolve().parent / "data"
 SHARED_DATA = Path(os.environ.get("ODIN_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-REAL_SCENES = ("fern", "fountain_p11", "kermit")
+SHIPPED_SCENE = "kermit_320"
+SHARED_SCENES = ("fern", "fountain_p11", "kermit")
+# The real scenes a test over "each real scene" runs on: the shipped one always, the shared ones when ../shared/data
+# exists or under CI (where a missing one fails). Without ../shared/data they are not collected (see the header).
+REAL_SCENES = (SHIPPED_SCENE, *SHARED_SCENES) if SHARED_DATA.is_dir() or os.environ.get("CI") else (SHIPPED_SCENE,)
 
 
 def real_scene(name: str) -> Path:
-    """Path of a real scene in ../shared/data; skips when absent, fails when absent under CI."""
+    """Path of a real scene: kermit_320 in tests/data, the others in ../shared/data (skips when absent, fails when
+    absent under CI)."""
+    if name == SHIPPED_SCENE:
+        return TESTS_DATA / name
     path = SHARED_DATA / name
     if not (path / "sparse" / "0").is_dir():
         message = f"real scene {name!r} not found at {path} (set ODIN_SHARED_DATA to the folder holding it)"
@@ -22,10 +31,25 @@ def real_scene(name: str) -> Path:
     return path
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    if len(REAL_SCENES) > 1:
+        return f"real scenes: {SHIPPED_SCENE} (tests/data), {', '.join(SHARED_SCENES)} from {SHARED_DATA}"
+    return (
+        f"real scenes: {SHIPPED_SCENE} (tests/data) only; {SHARED_DATA} not found, so the cases on "
+        f"{', '.join(SHARED_SCENES)} are not collected and the tests tied to them skip (set ODIN_SHARED_DATA)"
+    )
+
+
 @pytest.fixture(params=REAL_SCENES)
 def any_real_scene(request: pytest.FixtureRequest) -> Path:
-    """Each of the three real scenes in turn."""
+    """Each real scene in turn (kermit_320 only when ../shared/data is absent)."""
     return real_scene(request.param)
+
+
+@pytest.fixture
+def kermit_320() -> Path:
+    """Bundler's kermit at 320x240 (11 views, SIMPLE_RADIAL), shipped in tests/data: always available."""
+    return real_scene(SHIPPED_SCENE)
 
 
 @pytest.fixture

@@ -32,18 +32,18 @@ def test_tracks_match_pycolmap_by_image_name(any_real_scene: Path) -> None:
             assert observed.tolist() == by_name[Path(filename).name]
 
 
-def test_every_observation_of_a_point_is_kept(fern: Path) -> None:
+def test_every_observation_of_a_point_is_kept(kermit_320: Path) -> None:
     """nerfstudio's reader keeps one observation per point; the tracks here keep the whole track."""
-    reconstruction = pycolmap.Reconstruction(str(fern / "sparse" / "0"))
-    outputs = OdinColmapDataParserConfig(data=fern, eval_mode="all").setup().get_dataparser_outputs("train")
+    reconstruction = pycolmap.Reconstruction(str(kermit_320 / "sparse" / "0"))
+    outputs = OdinColmapDataParserConfig(data=kermit_320, eval_mode="all").setup().get_dataparser_outputs("train")
     observations = sum(len(t) for t in outputs.metadata["sfm_tracks"])
     seen_by = {(e.image_id, pid) for pid, p in reconstruction.points3D.items() for e in p.track.elements}
     assert observations == len(seen_by)
 
 
-def test_seed_points_are_the_model_points_in_nerfstudio_frame(fern: Path) -> None:
-    outputs = parse(fern)
-    reconstruction = pycolmap.Reconstruction(str(fern / "sparse" / "0"))
+def test_seed_points_are_the_model_points_in_nerfstudio_frame(kermit_320: Path) -> None:
+    outputs = parse(kermit_320)
+    reconstruction = pycolmap.Reconstruction(str(kermit_320 / "sparse" / "0"))
     xyz = outputs.metadata["points3D_xyz"]
     ids = outputs.metadata["points3D_ids"]
     assert xyz.shape == (reconstruction.num_points3D(), 3)
@@ -71,7 +71,7 @@ def test_missing_data_folder(tmp_path: Path) -> None:
 
 
 def test_missing_images_are_listed(tmp_path: Path) -> None:
-    scene = copy_scene(real_scene("kermit"), tmp_path / "kermit")
+    scene = copy_scene(real_scene("kermit_320"), tmp_path / "kermit")
     victims = sorted((scene / "images").iterdir())[:2]
     for image in victims:
         image.unlink()
@@ -80,7 +80,7 @@ def test_missing_images_are_listed(tmp_path: Path) -> None:
 
 
 def test_model_without_points_is_rejected(tmp_path: Path) -> None:
-    scene = copy_scene(real_scene("kermit"), tmp_path / "kermit")
+    scene = copy_scene(real_scene("kermit_320"), tmp_path / "kermit")
     model = pycolmap.Reconstruction(str(scene / "sparse" / "0"))
     for point_id in list(model.points3D.keys()):
         model.delete_point3D(point_id)
@@ -90,7 +90,7 @@ def test_model_without_points_is_rejected(tmp_path: Path) -> None:
 
 
 def test_view_without_observations_warns_and_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    scene = copy_scene(real_scene("kermit"), tmp_path / "kermit")
+    scene = copy_scene(real_scene("kermit_320"), tmp_path / "kermit")
     model = pycolmap.Reconstruction(str(scene / "sparse" / "0"))
     image_id = sorted(model.images.keys())[1]
     while observed := [(i, p.point3D_id) for i, p in enumerate(model.images[image_id].points2D) if p.has_point3D()]:
@@ -109,7 +109,7 @@ def test_view_without_observations_warns_and_is_kept(tmp_path: Path, capsys: pyt
 
 
 def test_text_models_are_read_too(tmp_path: Path) -> None:
-    scene = copy_scene(real_scene("fountain_p11"), tmp_path / "fountain")
+    scene = copy_scene(real_scene("kermit_320"), tmp_path / "kermit")
     model_dir = scene / "sparse" / "0"
     model = pycolmap.Reconstruction(str(model_dir))
     for path in model_dir.glob("*.bin"):

@@ -62,12 +62,13 @@ def viewer_loads(config: Path, timeout: float = 180) -> None:
         viewer.wait(timeout=30)
 
 
-def fern_trainer_config(output_dir: Path, iterations: int):
-    """The odin-splat method config pointed at fern at quarter resolution, on CPU, without the viewer."""
+def fern_trainer_config(output_dir: Path, iterations: int, scene: str = "fern"):
+    """The odin-splat method config pointed at fern (or another real scene) at quarter resolution, on CPU, without the
+    viewer."""
     from odin_nerfstudio.method_configs.odin_splat import odin_splat
 
     config = copy.deepcopy(odin_splat.config)
-    config.pipeline.datamanager.data = real_scene("fern")
+    config.pipeline.datamanager.data = real_scene(scene)
     config.pipeline.datamanager.camera_res_scale_factor = 0.25
     config.pipeline.model.num_downscales = 0
     config.machine.device_type = "cpu"
@@ -130,12 +131,12 @@ def test_fern_psnr_improves_by_2db_in_100_iterations(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
-    fern = real_scene("fern")
+    scene = real_scene("kermit_320")
     common = [
         "ns-train",
         "odin-splat",
         "--data",
-        str(fern),
+        str(scene),
         *CPU_ARGS,
         *SMALL_ARGS,
         "--output-dir",
@@ -146,7 +147,7 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
         "0",
     ]
     run_cli(*common, "--max-num-iterations", "20", "--steps-per-save", "10", "--timestamp", "first")
-    first = tmp_path / "fern" / "odin-splat" / "first"
+    first = tmp_path / scene.name / "odin-splat" / "first"
     assert (first / "nerfstudio_models" / "step-000000019.ckpt").exists()
     assert list(first.glob("events.out.tfevents.*")), "tensorboard events are written"
 
@@ -161,7 +162,7 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
         "--load-dir",
         str(first / "nerfstudio_models"),
     )
-    resumed = tmp_path / "fern" / "odin-splat" / "resumed"
+    resumed = tmp_path / scene.name / "odin-splat" / "resumed"
     allow_nerfstudio_checkpoints()
     checkpoint = torch.load(resumed / "nerfstudio_models" / "step-000000029.ckpt", map_location="cpu")
     assert checkpoint["step"] == 29, "the resumed run continues from step 20 for 10 more iterations"

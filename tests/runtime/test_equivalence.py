@@ -60,11 +60,12 @@ def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 4])
-@pytest.mark.parametrize("scene_name", ["fern", "street"])
+@pytest.mark.parametrize("scene_name", ["kermit_320", "street"])
 def test_quality_first_is_bit_identical_to_barrier(
     scene_name: str, workers: int, request: pytest.FixtureRequest, default_torch_threads: int
 ) -> None:
-    scene, scale = (real_scene("fern"), 0.125) if scene_name == "fern" else (request.getfixturevalue("street"), 0.5)
+    real = scene_name != "street"
+    scene, scale = (real_scene(scene_name), 0.25) if real else (request.getfixturevalue("street"), 0.5)
     config = pipeline_config(scene, workers, scale)
     lrs = splat_learning_rates(odin_splat_optimizers())
     baseline, baseline_runtime = train_virtual(
@@ -96,7 +97,7 @@ def test_quality_first_is_bit_identical_to_barrier(
 def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun(default_torch_threads: int) -> None:
     """With a negative culling margin, candidate sets miss Gaussians the rasterizer draws: every such task is
     counted as an escape and re-run on its widened set, so quality-first still equals the barrier baseline."""
-    config = pipeline_config(real_scene("fern"), 2, 0.125)
+    config = pipeline_config(real_scene("kermit_320"), 2, 0.25)
     lrs = splat_learning_rates(odin_splat_optimizers())
     narrow = {"num_workers": 2, "candidate_margin": -0.3}
     baseline, baseline_runtime = train_virtual(config, OdinRuntimeConfig(mode="barrier", **narrow), 20, lrs)

@@ -95,7 +95,7 @@ def test_no_epoch_conflicts_more_than_its_random_baseline(case: tuple[int, int, 
 def test_kermit_schedule_is_no_worse_than_random() -> None:
     """On kermit (small, every view sees most of the object) greedy chaining lost to the random order (ratio
     1.09 at W = 2, B = 1); the fallback takes the random order then."""
-    tracks = read_colmap_tracks(real_scene("kermit") / "sparse" / "0")
+    tracks = read_colmap_tracks(real_scene("kermit_320") / "sparse" / "0")
     rlg = RelativeLocalityGraph.from_point_sets(tracks.point_ids)
     summary = Schedule(rlg, ScheduleConfig(num_workers=2, views_per_worker=1)).summary(epochs=3)
     assert 0.5 < summary["ratio"] <= 1.0

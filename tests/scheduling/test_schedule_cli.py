@@ -83,12 +83,14 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
             ["--data", "{fern}", "--workers", "8", "--views-per-step", "4"],
             r"8 x 4 = 32 views per step, but the scene has only V = 20 views.*single short step.*W x B <= 20",
         ),
-        (["--data", "{fern}", "--workers", "0"], r"invalid schedule options .*num_workers.*--workers"),
-        (["--data", "{fern}", "--output", "{empty}/plot.jpg"], r"--output must name a .png file"),
+        (["--data", "{scene}", "--workers", "0"], r"invalid schedule options .*num_workers.*--workers"),
+        (["--data", "{scene}", "--output", "{empty}/plot.jpg"], r"--output must name a .png file"),
     ],
 )
 def test_bad_input_is_explained(tmp_path: Path, arguments: list[str], message: str) -> None:
-    places = {"missing": tmp_path / "missing", "empty": tmp_path, "fern": real_scene("fern")}
+    places = {"missing": tmp_path / "missing", "empty": tmp_path, "scene": real_scene("kermit_320")}
+    if "{fern}" in arguments:
+        places["fern"] = real_scene("fern")
     with pytest.raises(SystemExit) as exit_info:
         main([argument.format(**places) for argument in arguments])
     assert str(exit_info.value).startswith("odin-schedule: error: ")

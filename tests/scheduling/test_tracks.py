@@ -35,9 +35,9 @@ def test_tracks_match_pycolmap_point_tracks(any_real_scene: Path) -> None:
     assert tracks.pixels is not None and np.all(tracks.pixels > 0)
 
 
-def test_text_model_reads_like_binary(fern: Path, tmp_path: Path) -> None:
-    """pycolmap's text export of fern gives the same tracks as the binary model."""
-    sparse = fern / "sparse" / "0"
+def test_text_model_reads_like_binary(kermit_320: Path, tmp_path: Path) -> None:
+    """pycolmap's text export of a real model gives the same tracks as the binary model."""
+    sparse = kermit_320 / "sparse" / "0"
     pycolmap.Reconstruction(str(sparse)).write_text(str(tmp_path))
     binary, text = read_colmap_tracks(sparse), read_colmap_tracks(tmp_path)
     assert binary.image_names == text.image_names
@@ -48,18 +48,18 @@ def test_text_model_reads_like_binary(fern: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(binary.pixels, text.pixels)
 
 
-def test_for_names_follows_the_given_order(fern: Path) -> None:
+def test_for_names_follows_the_given_order(kermit_320: Path) -> None:
     """for_names returns point sets in the caller's (e.g. a train split's) order."""
-    tracks = read_colmap_tracks(fern / "sparse" / "0")
+    tracks = read_colmap_tracks(kermit_320 / "sparse" / "0")
     names = tracks.image_names[::-3]
     for name, ids in zip(names, tracks.for_names(names)):
         np.testing.assert_array_equal(ids, tracks.point_ids[tracks.image_names.index(name)])
     np.testing.assert_array_equal(tracks.pixels_for_names(names), tracks.pixels[tracks.indices_of(names)])
 
 
-def test_for_names_names_the_missing_images(fern: Path) -> None:
+def test_for_names_names_the_missing_images(kermit_320: Path) -> None:
     """Unknown names give a ValueError that lists them, never a bare KeyError."""
-    tracks = read_colmap_tracks(fern / "sparse" / "0")
+    tracks = read_colmap_tracks(kermit_320 / "sparse" / "0")
     with pytest.raises(ValueError, match="not_there.png"):
         tracks.for_names([tracks.image_names[0], "not_there.png"])
 
@@ -91,9 +91,9 @@ def test_unreadable_model(tmp_path: Path) -> None:
         read_colmap_tracks(tmp_path)
 
 
-def test_model_without_points(fern: Path, tmp_path: Path) -> None:
+def test_model_without_points(kermit_320: Path, tmp_path: Path) -> None:
     """A model with no points3D has no tracks: ValueError telling to triangulate."""
-    reconstruction = pycolmap.Reconstruction(str(fern / "sparse" / "0"))
+    reconstruction = pycolmap.Reconstruction(str(kermit_320 / "sparse" / "0"))
     for point_id in list(reconstruction.point3D_ids()):
         reconstruction.delete_point3D(point_id)
     reconstruction.write(str(tmp_path))
