@@ -19,15 +19,33 @@ from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
     SplatfactoModelConfig,
-    get_viewmat,
     num_sh_bases,
     random_quat_tensor,
 )
 from nerfstudio.utils.colors import get_color
 from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
+from torch import Tensor
 
 ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
+
+
+def get_viewmat(camera_to_world: Tensor) -> Tensor:
+    """World-to-camera matrices [C, 4, 4] (gsplat's axes) of camera-to-world matrices [C, 3, 4], computed eagerly.
+
+    splatfacto's `get_viewmat` is the same arithmetic wrapped in `torch.compile`: on a CPU its first call has inductor
+    generate and build C++ (11 s measured on the 2-core development machine: most of the first iteration), for a
+    4 x 4 rigid inverse that takes microseconds eagerly.
+    """
+    flip = torch.tensor([[[1, -1, -1]]], device=camera_to_world.device, dtype=camera_to_world.dtype)
+    R = camera_to_world[:, :3, :3] * flip  # y and z flipped: nerfstudio's (OpenGL) camera axes to gsplat's (OpenCV)
+    T = camera_to_world[:, :3, 3:4]
+    R_inv = R.transpose(1, 2)
+    viewmat = torch.zeros(R.shape[0], 4, 4, device=R.device, dtype=R.dtype)
+    viewmat[:, 3, 3] = 1.0
+    viewmat[:, :3, :3] = R_inv
+    viewmat[:, :3, 3:4] = -torch.bmm(R_inv, T)
+    return viewmat
 
 
 def alexnet_weights_path() -> Path:
