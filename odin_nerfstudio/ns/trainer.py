@@ -78,10 +78,25 @@ class OdinTrainerConfig(TrainerConfig):
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
 
 
+def require_cuda_if_asked(device_type: str) -> None:
+    """Stop in one line, before any set-up, when CUDA is asked for (nerfstudio's default) but torch finds no device,
+    instead of a traceback from deep in the set-up; the message names the flag that trains on the CPU."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "odin-splat: no CUDA device found (torch.cuda.is_available() is False); "
+            "add --machine.device-type cpu to train on the CPU."
+        )
+
+
 class OdinTrainer(Trainer):
     """Trains odin-splat through Odin's runtime, one schedule step per iteration."""
 
     config: OdinTrainerConfig
+
+    def __init__(self, config: OdinTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
+        """nerfstudio's trainer, once the device it is asked to train on exists."""
+        require_cuda_if_asked(config.machine.device_type)
+        super().__init__(config, local_rank, world_size)
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""

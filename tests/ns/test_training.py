@@ -219,3 +219,15 @@ def test_synthetic_scene_trains_with_wandb_offline(tmp_path: Path) -> None:
     assert runs and runs[0].stat().st_size > 0
     run_cli("ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(tmp_path / "eval.json"))
     assert json.loads((tmp_path / "eval.json").read_text())["results"]["psnr"] > 10.0
+
+
+def test_ns_train_without_cuda_says_so_in_one_line(tmp_path: Path) -> None:
+    """`ns-train odin-splat --data ...` on a machine without CUDA (hidden here) ends with one line naming
+    `--machine.device-type cpu`, not a traceback from deep in the set-up."""
+    command = [str(BIN / "ns-train"), "odin-splat", "--data", str(tmp_path / "scene"), "--output-dir", str(tmp_path)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("odin-splat: no CUDA device found") and "--machine.device-type cpu" in last, last
