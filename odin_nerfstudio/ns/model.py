@@ -23,6 +23,7 @@ from nerfstudio.models.splatfacto import (
     random_quat_tensor,
 )
 from nerfstudio.utils.colors import get_color
+from nerfstudio.utils.comms import is_main_process
 from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
 from torch import Tensor
@@ -54,12 +55,14 @@ def alexnet_weights_path() -> Path:
 
 
 def make_lpips() -> Optional[torch.nn.Module]:
-    """LPIPS (AlexNet) when its weights are already on disk, else None with one warning (never a download)."""
+    """LPIPS (AlexNet) when its weights are already on disk, else None with one warning (never a download); in a
+    distributed run rank 0 gives the warning for the job."""
     if not alexnet_weights_path().exists():
-        CONSOLE.print(
-            f"[yellow]LPIPS skipped: AlexNet weights not found at {alexnet_weights_path()}; "
-            "place them there (or set TORCH_HOME) to report LPIPS.[/yellow]"
-        )
+        if is_main_process():
+            CONSOLE.print(
+                f"[yellow]LPIPS skipped: AlexNet weights not found at {alexnet_weights_path()}; "
+                "place them there (or set TORCH_HOME) to report LPIPS.[/yellow]"
+            )
         return None
     from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 

@@ -36,6 +36,7 @@ from typing import Literal, Type
 import torch
 from nerfstudio.engine.optimizers import OptimizerConfig, Optimizers
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils.comms import is_main_process
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
@@ -269,7 +270,7 @@ class OdinTrainer(Trainer):
         super().save_checkpoint(step)
 
     def _after_train(self) -> None:
-        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint, final table)."""
+        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint; the banner from rank 0)."""
         self._settle()
         if self.world_size > 1:
             self._check_replicas(self.step)
@@ -280,7 +281,12 @@ class OdinTrainer(Trainer):
         (self.base_dir / self._per_rank(COUNTERS_FILENAME)).write_text(counters)
         metrics = self._odin_metrics()
         CONSOLE.log("Odin: " + ", ".join(f"{name} {value:g}" for name, value in metrics.items()))
-        super()._after_train()
+        quiet = CONSOLE.quiet
+        CONSOLE.quiet = quiet or not is_main_process()  # rank 0's "Training Finished" banner speaks for the job
+        try:
+            super()._after_train()
+        finally:
+            CONSOLE.quiet = quiet
 
     def _per_rank(self, filename: str) -> str:
         """``filename`` in a one-process run, ``<stem>_rank<r><suffix>`` with the global rank otherwise."""

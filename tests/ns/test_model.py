@@ -80,6 +80,18 @@ def test_lpips_is_skipped_with_one_warning_when_weights_are_absent(
     assert not list(tmp_path.rglob("*.pth")), "nothing may be downloaded"
 
 
+def test_only_rank_0_warns_that_lpips_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Under torchrun every rank builds the model; rank 0 speaks for the job."""
+    from odin_nerfstudio.ns import model as model_module
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(model_module, "is_main_process", lambda: False)
+    assert model_module.make_lpips() is None
+    assert "LPIPS" not in capsys.readouterr().out
+
+
 def test_lpips_is_reported_when_weights_are_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchvision.models import alexnet
 
