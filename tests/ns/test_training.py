@@ -83,7 +83,7 @@ def fern_trainer_config(output_dir: Path, iterations: int):
 
 def test_ns_train_lists_odin_splat_and_its_options() -> None:
     listing = run_cli("ns-train", "--help").stdout
-    assert "odin-splat" in listing
+    assert "odin-splat" in listing and "odin-splat-quick" in listing
     options = run_cli("ns-train", "odin-splat", "--help").stdout
     assert "odin-colmap" in options
     assert "--pipeline.model.rasterize-mode" in options
@@ -91,6 +91,25 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
         assert f"--pipeline.datamanager.{odin_option}" in options
     for runtime_option in ("--runtime.mode", "--runtime.ring-slots", "--follow-overlap-window", "--check-escapes"):
         assert runtime_option in options
+
+
+def test_odin_splat_quick_is_odin_splat_with_a_schedule_that_densifies_within_its_run() -> None:
+    """The quickstart's variant changes the schedule only, and refines several times before it ends."""
+    from odin_nerfstudio.method_configs.odin_splat import odin_splat
+    from odin_nerfstudio.method_configs.odin_splat_quick import odin_splat_quick
+
+    quick, full = odin_splat_quick.config, odin_splat.config
+    model = quick.pipeline.model
+    refinements = range(model.warmup_length + model.refine_every, model.stop_split_at + 1, model.refine_every)
+    assert len(refinements) >= 10 and model.stop_split_at < quick.max_num_iterations
+    assert model.reset_alpha_every * model.refine_every > quick.max_num_iterations, "no opacity reset in the run"
+    assert model.num_downscales == 0 and quick.method_name == "odin-splat-quick"
+    assert type(quick) is type(full) and type(model) is type(full.pipeline.model)
+    assert quick.optimizers == full.optimizers and quick.runtime == full.runtime
+    schedule = {"warmup_length", "refine_every", "stop_split_at", "reset_alpha_every", "densify_grad_thresh"}
+    schedule |= {"sh_degree_interval", "num_downscales"}
+    changed = {name for name in vars(model) if getattr(model, name) != getattr(full.pipeline.model, name)}
+    assert changed <= schedule, changed
 
 
 def test_a_broken_optional_import_does_not_break_ns_train() -> None:
