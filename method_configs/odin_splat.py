@@ -61,5 +61,8 @@ odin_splat = MethodSpecification(
         viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
         vis="viewer",
     ),
-    description="Odin: 3D Gaussian Splatting with primitive-level synchronization across workers (CPU or CUDA).",
+    description=(
+        "Odin: 3D Gaussian Splatting with primitive-level synchronization across workers (CPU or CUDA); "
+        "options --runtime.*, --pipeline.datamanager.num-workers, --pipeline.datamanager.views-per-step."
+    ),
 )

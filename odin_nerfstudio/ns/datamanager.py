@@ -70,7 +70,8 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     num_workers: Optional[int] = None
     """W, workers of the schedule; None: the world size N. A multiple k x N runs k of its workers on every rank."""
     views_per_step: int = 1
-    """B, views each worker renders per step; nerfstudio's trainer runs them as B iterations, one update each."""
+    """B, views each worker renders per step. odin-splat's trainer runs one step per iteration: W x B views, their
+    gradients summed, one update (a plain nerfstudio loop over `next_train` would take one view per iteration)."""
     schedule_seed: int = 0
     """Seeds the schedule's per-epoch shuffle."""
     ring_size: int = 4

@@ -25,6 +25,8 @@ from nerfstudio.engine.trainer import TrainerConfig
 from nerfstudio.scripts import train as ns_train
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.ns.trainer import require_cuda_if_asked
+
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 """How long a rank waits for the others to join the process group."""
@@ -45,6 +47,7 @@ def main(config: TrainerConfig) -> None:
     if missing:
         raise RuntimeError(f"odin-train needs torchrun's environment; missing {missing} (launch it with torchrun)")
     rank, world_size, local_rank = (int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    require_cuda_if_asked(config.machine.device_type)
     cuda = config.machine.device_type == "cuda"
     if cuda:
         torch.cuda.set_device(local_rank)

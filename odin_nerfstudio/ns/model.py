@@ -19,15 +19,34 @@ from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
     SplatfactoModelConfig,
-    get_viewmat,
     num_sh_bases,
     random_quat_tensor,
 )
 from nerfstudio.utils.colors import get_color
+from nerfstudio.utils.comms import is_main_process
 from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
+from torch import Tensor
 
 ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
+
+
+def get_viewmat(camera_to_world: Tensor) -> Tensor:
+    """World-to-camera matrices [C, 4, 4] (gsplat's axes) of camera-to-world matrices [C, 3, 4], computed eagerly.
+
+    splatfacto's `get_viewmat` is the same arithmetic wrapped in `torch.compile`: on a CPU its first call has inductor
+    generate and build C++ (11 s measured on the 2-core development machine: most of the first iteration), for a
+    4 x 4 rigid inverse that takes microseconds eagerly.
+    """
+    flip = torch.tensor([[[1, -1, -1]]], device=camera_to_world.device, dtype=camera_to_world.dtype)
+    R = camera_to_world[:, :3, :3] * flip  # y and z flipped: nerfstudio's (OpenGL) camera axes to gsplat's (OpenCV)
+    T = camera_to_world[:, :3, 3:4]
+    R_inv = R.transpose(1, 2)
+    viewmat = torch.zeros(R.shape[0], 4, 4, device=R.device, dtype=R.dtype)
+    viewmat[:, 3, 3] = 1.0
+    viewmat[:, :3, :3] = R_inv
+    viewmat[:, :3, 3:4] = -torch.bmm(R_inv, T)
+    return viewmat
 
 
 def alexnet_weights_path() -> Path:
@@ -36,12 +55,14 @@ def alexnet_weights_path() -> Path:
 
 
 def make_lpips() -> Optional[torch.nn.Module]:
-    """LPIPS (AlexNet) when its weights are already on disk, else None with one warning (never a download)."""
+    """LPIPS (AlexNet) when its weights are already on disk, else None with one warning (never a download); in a
+    distributed run rank 0 gives the warning for the job."""
     if not alexnet_weights_path().exists():
-        CONSOLE.print(
-            f"[yellow]LPIPS skipped: AlexNet weights not found at {alexnet_weights_path()}; "
-            "place them there (or set TORCH_HOME) to report LPIPS.[/yellow]"
-        )
+        if is_main_process():
+            CONSOLE.print(
+                f"[yellow]LPIPS skipped: AlexNet weights not found at {alexnet_weights_path()}; "
+                "place them there (or set TORCH_HOME) to report LPIPS.[/yellow]"
+            )
         return None
     from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 

@@ -15,13 +15,12 @@ from typing import Any
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
-from nerfstudio.models.splatfacto import get_viewmat
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import CullRegion
-from odin_nerfstudio.ns.model import OdinSplatModel
+from odin_nerfstudio.ns.model import OdinSplatModel, get_viewmat
 from odin_nerfstudio.rendering.rasterize import drawn_rows
 from odin_nerfstudio.adapter.refine import apply_structural_change, structural_change_due
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig

@@ -36,6 +36,7 @@ from typing import Literal, Type
 import torch
 from nerfstudio.engine.optimizers import OptimizerConfig, Optimizers
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils.comms import is_main_process
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
@@ -78,10 +79,25 @@ class OdinTrainerConfig(TrainerConfig):
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
 
 
+def require_cuda_if_asked(device_type: str) -> None:
+    """Stop in one line, before any set-up, when CUDA is asked for (nerfstudio's default) but torch finds no device,
+    instead of a traceback from deep in the set-up; the message names the flag that trains on the CPU."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "odin-splat: no CUDA device found (torch.cuda.is_available() is False); "
+            "add --machine.device-type cpu to train on the CPU."
+        )
+
+
 class OdinTrainer(Trainer):
     """Trains odin-splat through Odin's runtime, one schedule step per iteration."""
 
     config: OdinTrainerConfig
+
+    def __init__(self, config: OdinTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
+        """nerfstudio's trainer, once the device it is asked to train on exists."""
+        require_cuda_if_asked(config.machine.device_type)
+        super().__init__(config, local_rank, world_size)
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
@@ -254,7 +270,7 @@ class OdinTrainer(Trainer):
         super().save_checkpoint(step)
 
     def _after_train(self) -> None:
-        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint, final table)."""
+        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint; the banner from rank 0)."""
         self._settle()
         if self.world_size > 1:
             self._check_replicas(self.step)
@@ -265,7 +281,12 @@ class OdinTrainer(Trainer):
         (self.base_dir / self._per_rank(COUNTERS_FILENAME)).write_text(counters)
         metrics = self._odin_metrics()
         CONSOLE.log("Odin: " + ", ".join(f"{name} {value:g}" for name, value in metrics.items()))
-        super()._after_train()
+        quiet = CONSOLE.quiet
+        CONSOLE.quiet = quiet or not is_main_process()  # rank 0's "Training Finished" banner speaks for the job
+        try:
+            super()._after_train()
+        finally:
+            CONSOLE.quiet = quiet
 
     def _per_rank(self, filename: str) -> str:
         """``filename`` in a one-process run, ``<stem>_rank<r><suffix>`` with the global rank otherwise."""

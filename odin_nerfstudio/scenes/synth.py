@@ -443,12 +443,18 @@ def observed(
 
 
 def render_and_observe(
-    world: GaussianWorld, point_ids: np.ndarray, path: CameraPath, max_depth: float, images: Path
+    world: GaussianWorld,
+    point_ids: np.ndarray,
+    path: CameraPath,
+    max_depth: float,
+    images: Path,
+    on_view: Optional[Callable[[], None]] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Render every view ("RGB+ED"), write its RGB under images/ and find the points it observes.
 
-    point_ids [P] are the Gaussian rows offered as 3D points. Returns visible [C, P] bool and exact pixels
-    [C, P, 2]; one view's render is dropped before the next is made, so memory does not grow with C.
+    point_ids [P] are the Gaussian rows offered as 3D points; `on_view` is called after each view (progress).
+    Returns visible [C, P] bool and exact pixels [C, P, 2]; one view's render is dropped before the next is made,
+    so memory does not grow with C.
     """
     points = world.means[point_ids].double().numpy()
     normals = world.normals[point_ids].double().numpy()
@@ -460,6 +466,8 @@ def render_and_observe(
         mask, xy = observed(points, normals, viewmat, path.K, depth.double().numpy(), alpha.double().numpy(), max_depth)
         masks.append(mask)
         pixels.append(xy)
+        if on_view is not None:
+            on_view()
     return np.stack(masks), np.stack(pixels)
 
 
@@ -565,8 +573,12 @@ def preset_for(config: SynthConfig) -> Preset:
     )
 
 
-def make_scene(config: SynthConfig) -> Path:
-    """Generate the scene `config` describes and write it in the COLMAP layout; returns the scene folder."""
+def make_scene(config: SynthConfig, on_view: Optional[Callable[[], None]] = None) -> Path:
+    """Generate the scene `config` describes and write it in the COLMAP layout; returns the scene folder.
+
+    `on_view` is called once per rendered view (rendering is most of the time: about a minute for the default
+    24 views on two busy cores).
+    """
     preset = preset_for(config)
     world = preset.world(config.num_gaussians, np.random.default_rng([config.seed, 0]))
     rng = np.random.default_rng([config.seed, 1])
@@ -575,7 +587,7 @@ def make_scene(config: SynthConfig) -> Path:
     noise = rng.normal(0.0, config.pixel_noise, size=(config.num_views, num_points, 2))
     path = camera_path(config, preset)
     out = prepare_output(config)
-    visible, pixels = render_and_observe(world, point_ids, path, preset.max_depth, out / "images")
+    visible, pixels = render_and_observe(world, point_ids, path, preset.max_depth, out / "images", on_view)
     obs = sfm_observations(visible, pixels, noise, path)
     build_reconstruction(world, point_ids, path, obs).write(out / "sparse" / "0")
     return out
@@ -594,8 +606,21 @@ def summary(scene: Path) -> str:
 
 
 def main() -> None:
-    """Console entry point `odin-synth`: parse a SynthConfig from the command line, write the scene, summarize."""
-    print(summary(make_scene(tyro.cli(SynthConfig))))
+    """Console entry point `odin-synth`: parse a SynthConfig from the command line, write the scene with a progress
+    bar of the views rendered (as nerfstudio shows its own long steps), summarize."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    config = tyro.cli(SynthConfig)
+    columns = (
+        TextColumn(f"Rendering {config.preset} views"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(elapsed_when_finished=True, compact=True),
+    )
+    with Progress(*columns) as progress:
+        task = progress.add_task("render", total=config.num_views)
+        scene = make_scene(config, on_view=lambda: progress.advance(task))
+    print(summary(scene))
 
 
 def _f32(array: np.ndarray) -> Tensor:

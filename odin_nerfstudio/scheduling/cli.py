@@ -7,9 +7,11 @@ same views, and the balance of predicted work across workers; with ``--output`` 
 camera centres projected onto the centres' two principal axes, edges shaded by weight) beside the conflict
 profile of epoch 0 (conflict mass of each step with its predecessor) for the schedule and the random order.
 
-Views: every image of the COLMAP model at ``<scene>/sparse/0``. Training schedules only nerfstudio's train split
-(by default it holds out every 8th image in COLMAP id order) with costs from the possibly rescaled image sizes, so
-a run's schedule covers about 7/8 of these views and its numbers differ slightly.
+Views: by default the training split, the views `ns-train odin-splat` schedules: the names in
+``<scene>/train_list.txt`` when the scene has one, else every image of the COLMAP model at ``<scene>/sparse/0``
+but every 8th in COLMAP image-id order, which nerfstudio holds out for evaluation (``--eval-interval``, as
+odin-colmap's). ``--split all`` schedules every image of the model. Costs are the images' pixel counts; a run with
+``--pipeline.datamanager.camera-res-scale-factor`` scales them all alike.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import tyro
@@ -33,6 +35,11 @@ class ScheduleCliConfig:
 
     data: Path
     """Scene folder holding sparse/0/ (a COLMAP model, binary or text)."""
+    split: Literal["train", "all"] = "train"
+    """Views to schedule: 'train', those ns-train schedules (train_list.txt, else all but every --eval-interval-th
+    image in COLMAP id order), or 'all' images of the model."""
+    eval_interval: int = 8
+    """With --split train and no train_list.txt: every eval-interval-th image is held out (odin-colmap's default)."""
     workers: int = 1
     """W, workers training concurrently."""
     views_per_step: int = 1
@@ -70,14 +77,44 @@ def run(config: ScheduleCliConfig) -> list[str]:
         raise FileNotFoundError(f"scene folder {config.data} does not exist; pass --data <scene> holding sparse/0/")
     sparse_dir = config.data / "sparse" / "0"
     tracks = read_colmap_tracks(sparse_dir)
-    schedule = Schedule(RelativeLocalityGraph.from_point_sets(tracks.point_ids), schedule_config(config), tracks.pixels)
+    if config.split == "all":
+        names = tracks.image_names
+        header = f"all {len(names)} images of the COLMAP model"
+    else:
+        names = training_views(config.data, sparse_dir, config.eval_interval)
+        header = (
+            f"the {len(names)} training views ns-train schedules, of {len(tracks.image_names)} images "
+            "(--split all for every image)"
+        )
+    rlg = RelativeLocalityGraph.from_point_sets(tracks.for_names(names))
+    schedule = Schedule(rlg, schedule_config(config), tracks.pixels_for_names(names))
     check_step_fits(schedule)
-    lines = [f"{config.data}: all {schedule.num_views} images of the COLMAP model", *describe(schedule)]
+    lines = [f"{config.data}: {header}", *describe(schedule)]
     if config.output is not None:
-        centres = camera_centres(sparse_dir, tracks.image_names)
+        centres = camera_centres(sparse_dir, names)
         draw(schedule, centres, config.output)
         lines.append(f"wrote {config.output}")
     return lines
+
+
+def training_views(scene: Path, sparse_dir: Path, eval_interval: int) -> list[str]:
+    """Names of the images ns-train trains on, split as nerfstudio's COLMAP dataparser splits them, so that the
+    schedule printed here is the training run's: the scene's train_list.txt, else every image but every
+    ``eval_interval``-th in COLMAP image-id order (held out for evaluation).
+
+    Raises:
+        ValueError: eval_interval < 1.
+    """
+    train_list = scene / "train_list.txt"
+    if train_list.exists():
+        return [line for line in train_list.read_text().splitlines() if line]
+    if eval_interval < 1:
+        raise ValueError(f"--eval-interval must be >= 1, got {eval_interval}")
+    import pycolmap
+
+    images = pycolmap.Reconstruction(str(sparse_dir)).images
+    in_id_order = [images[image_id].name for image_id in sorted(images)]
+    return [name for index, name in enumerate(in_id_order) if index % eval_interval]
 
 
 def schedule_config(config: ScheduleCliConfig) -> ScheduleConfig:

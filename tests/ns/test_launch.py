@@ -76,6 +76,8 @@ def test_torchrun_two_gloo_ranks_equal_two_virtual_workers(tmp_path: Path) -> No
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python"]
     output = run_one_thread([*torchrun, str(BIN / "odin-train"), *train_args(scene, tmp_path, "ranks")])
     assert "rank 1 of 2 (gloo)" in output
+    assert output.count("Training Finished") == 1, "rank 0 alone speaks for the job"
+    assert output.count("LPIPS skipped") <= 1, "rank 0 alone warns that LPIPS is skipped"
     run = tmp_path / "ranks" / "odin-splat" / "run"
     assert (run / "odin_timeline_rank0.json").exists() and (run / "odin_timeline_rank1.json").exists()
     virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier"]

@@ -80,6 +80,18 @@ def test_lpips_is_skipped_with_one_warning_when_weights_are_absent(
     assert not list(tmp_path.rglob("*.pth")), "nothing may be downloaded"
 
 
+def test_only_rank_0_warns_that_lpips_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Under torchrun every rank builds the model; rank 0 speaks for the job."""
+    from odin_nerfstudio.ns import model as model_module
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(model_module, "is_main_process", lambda: False)
+    assert model_module.make_lpips() is None
+    assert "LPIPS" not in capsys.readouterr().out
+
+
 def test_lpips_is_reported_when_weights_are_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchvision.models import alexnet
 
@@ -93,3 +105,18 @@ def test_lpips_is_reported_when_weights_are_on_disk(tmp_path: Path, monkeypatch:
         outputs = model.get_outputs_for_camera(front_camera(96, 72))
     metrics, _ = model.get_image_metrics_and_images(outputs, {"image": torch.zeros(72, 96, 3)})
     assert metrics["lpips"] >= 0.0
+
+
+def test_get_viewmat_is_splatfactos_arithmetic_without_torch_compile() -> None:
+    """splatfacto's get_viewmat is torch.compile'd (an 11 s C++ build on a CPU at the first iteration); ours is its
+    arithmetic run eagerly, and gives the same matrices bit for bit."""
+    from nerfstudio.models import splatfacto
+
+    from odin_nerfstudio.ns.model import get_viewmat
+
+    assert not hasattr(get_viewmat, "_torchdynamo_orig_callable"), "get_viewmat must not be torch.compile'd"
+    eager_splatfacto = splatfacto.get_viewmat._torchdynamo_orig_callable
+    generator = torch.Generator().manual_seed(0)
+    rotations, _ = torch.linalg.qr(torch.randn(5, 3, 3, generator=generator))
+    camera_to_world = torch.cat([rotations, torch.randn(5, 3, 1, generator=generator)], dim=2)
+    assert torch.equal(get_viewmat(camera_to_world), eager_splatfacto(camera_to_world))

@@ -126,3 +126,16 @@ def test_a_model_with_a_camera_optimizer_is_refused_before_training(street: Path
     trainer = config.setup(local_rank=0, world_size=1)
     with pytest.raises(ValueError, match="camera-optimizer.mode off"):
         trainer.setup()
+
+
+def test_without_cuda_the_trainer_stops_in_one_line_naming_the_cpu_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nerfstudio's default device is CUDA: without one, odin-splat stops before any set-up (no scene is read)."""
+    config = trainer_config(tmp_path / "no-scene-needed", tmp_path, 5)
+    config.machine.device_type = "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stop:
+        config.setup(local_rank=0, world_size=1)
+    message = str(stop.value.code)
+    assert "no CUDA device found" in message and "--machine.device-type cpu" in message and "\n" not in message

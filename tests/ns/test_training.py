@@ -84,7 +84,7 @@ def fern_trainer_config(output_dir: Path, iterations: int, scene: str = "fern"):
 
 def test_ns_train_lists_odin_splat_and_its_options() -> None:
     listing = run_cli("ns-train", "--help").stdout
-    assert "odin-splat" in listing
+    assert "odin-splat" in listing and "odin-splat-quick" in listing
     options = run_cli("ns-train", "odin-splat", "--help").stdout
     assert "odin-colmap" in options
     assert "--pipeline.model.rasterize-mode" in options
@@ -92,6 +92,25 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
         assert f"--pipeline.datamanager.{odin_option}" in options
     for runtime_option in ("--runtime.mode", "--runtime.ring-slots", "--follow-overlap-window", "--check-escapes"):
         assert runtime_option in options
+
+
+def test_odin_splat_quick_is_odin_splat_with_a_schedule_that_densifies_within_its_run() -> None:
+    """The quickstart's variant changes the schedule only, and refines several times before it ends."""
+    from odin_nerfstudio.method_configs.odin_splat import odin_splat
+    from odin_nerfstudio.method_configs.odin_splat_quick import odin_splat_quick
+
+    quick, full = odin_splat_quick.config, odin_splat.config
+    model = quick.pipeline.model
+    refinements = range(model.warmup_length + model.refine_every, model.stop_split_at + 1, model.refine_every)
+    assert len(refinements) >= 10 and model.stop_split_at < quick.max_num_iterations
+    assert model.reset_alpha_every * model.refine_every > quick.max_num_iterations, "no opacity reset in the run"
+    assert model.num_downscales == 0 and quick.method_name == "odin-splat-quick"
+    assert type(quick) is type(full) and type(model) is type(full.pipeline.model)
+    assert quick.optimizers == full.optimizers and quick.runtime == full.runtime
+    schedule = {"warmup_length", "refine_every", "stop_split_at", "reset_alpha_every", "densify_grad_thresh"}
+    schedule |= {"sh_degree_interval", "num_downscales"}
+    changed = {name for name in vars(model) if getattr(model, name) != getattr(full.pipeline.model, name)}
+    assert changed <= schedule, changed
 
 
 def test_a_broken_optional_import_does_not_break_ns_train() -> None:
@@ -220,3 +239,15 @@ def test_synthetic_scene_trains_with_wandb_offline(tmp_path: Path) -> None:
     assert runs and runs[0].stat().st_size > 0
     run_cli("ns-eval", "--load-config", str(run_dir / "config.yml"), "--output-path", str(tmp_path / "eval.json"))
     assert json.loads((tmp_path / "eval.json").read_text())["results"]["psnr"] > 10.0
+
+
+def test_ns_train_without_cuda_says_so_in_one_line(tmp_path: Path) -> None:
+    """`ns-train odin-splat --data ...` on a machine without CUDA (hidden here) ends with one line naming
+    `--machine.device-type cpu`, not a traceback from deep in the set-up."""
+    command = [str(BIN / "ns-train"), "odin-splat", "--data", str(tmp_path / "scene"), "--output-dir", str(tmp_path)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("odin-splat: no CUDA device found") and "--machine.device-type cpu" in last, last

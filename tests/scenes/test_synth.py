@@ -105,7 +105,16 @@ def test_cli_prints_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
     synth.main()
     out = capsys.readouterr().out
     assert str(tmp_path / "s") in out and "6 views" in out and "mean track length" in out and "Jaccard" in out
+    assert "Rendering street views" in out and "6/6" in out, "odin-synth shows its progress in views rendered"
     assert (tmp_path / "s" / "sparse" / "0" / "points3D.bin").is_file()
+
+
+def test_make_scene_reports_each_rendered_view(tmp_path: Path) -> None:
+    """`on_view` is called once per view, after it is rendered (what odin-synth's progress bar counts)."""
+    rendered: list[int] = []
+    config = SynthConfig(preset="object", num_views=4, width=24, height=16, num_gaussians=500, output=tmp_path)
+    make_scene(config, on_view=lambda: rendered.append(len(list((tmp_path / "images").iterdir()))))
+    assert rendered == [1, 2, 3, 4]
 
 
 def test_look_at_is_opencv() -> None:

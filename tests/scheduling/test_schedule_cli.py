@@ -1,4 +1,5 @@
-"""odin-schedule on the real scenes: printed statistics match the library, the PNG is drawn, bad input is explained."""
+"""odin-schedule on the real scenes: printed statistics match the library, the PNG is drawn, bad input is explained,
+and by default the views are the training split ns-train schedules."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from PIL import Image
 
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
-from odin_nerfstudio.scheduling.cli import main, principal_plane
+from odin_nerfstudio.scheduling.cli import main, principal_plane, training_views
 from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
 from tests.conftest import real_scene
 
@@ -32,7 +33,7 @@ def test_statistics_match_the_library_and_the_png_is_drawn(
 ) -> None:
     png = tmp_path / "plots" / "rlg.png"
     options = ["--workers", "2", "--views-per-step", "2", "--seed", "3", "--output", str(png)]
-    main(["--data", str(any_real_scene), *options])
+    main(["--data", str(any_real_scene), "--split", "all", *options])
     out = capsys.readouterr().out
 
     tracks = read_colmap_tracks(any_real_scene / "sparse" / "0")
@@ -60,7 +61,8 @@ def test_statistics_match_the_library_and_the_png_is_drawn(
 def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path: Path) -> None:
     fern = real_scene("fern")
     result = subprocess.run(
-        [sys.executable, "-m", "odin_nerfstudio.scheduling.cli", "--data", str(fern), "--workers", "3"],
+        [sys.executable, "-m", "odin_nerfstudio.scheduling.cli", "--data", str(fern), "--workers", "3"]
+        + ["--split", "all"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -74,6 +76,25 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
     assert "wrote" not in result.stdout and not list(tmp_path.iterdir())
 
 
+def test_by_default_the_views_are_the_training_split_ns_train_schedules(
+    any_real_scene: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The same views, in the same order, as odin-colmap's train split; so the same RLG as the training run's."""
+    from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
+
+    train = OdinColmapDataParserConfig(data=any_real_scene).setup().get_dataparser_outputs("train")
+    images = any_real_scene / "images"
+    names = [Path(name).relative_to(images).as_posix() for name in train.image_filenames]
+    assert training_views(any_real_scene, any_real_scene / "sparse" / "0", eval_interval=8) == names
+
+    main(["--data", str(any_real_scene)])
+    out = capsys.readouterr().out
+    graph = RelativeLocalityGraph.from_point_sets(train.metadata["sfm_tracks"]).summary()
+    assert f"the {len(names)} training views ns-train schedules" in out and "--split all" in out
+    assert number(r"RLG: (\d+) views", out) == graph["views"] == len(names)
+    assert number(r"(\d+) edges", out) == graph["edges"]
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -81,7 +102,7 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
         (["--data", "{empty}"], r"COLMAP model folder .*sparse/0 does not exist"),
         (
             ["--data", "{fern}", "--workers", "8", "--views-per-step", "4"],
-            r"8 x 4 = 32 views per step, but the scene has only V = 20 views.*single short step.*W x B <= 20",
+            r"8 x 4 = 32 views per step, but the scene has only V = 17 views.*single short step.*W x B <= 17",
         ),
         (["--data", "{scene}", "--workers", "0"], r"invalid schedule options .*num_workers.*--workers"),
         (["--data", "{scene}", "--output", "{empty}/plot.jpg"], r"--output must name a .png file"),
