@@ -39,6 +39,7 @@ from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.comm.link import InterconnectName
 from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 
@@ -76,6 +77,10 @@ class OdinTrainerConfig(TrainerConfig):
     follow_overlap_window: bool = True
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
+    interconnect: InterconnectName = "none"
+    """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
+    delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
+    communication free. none: the real transport only."""
 
 
 class OdinTrainer(Trainer):
@@ -147,13 +152,17 @@ class OdinTrainer(Trainer):
         )
 
     def _transports(self) -> list | None:
-        """One torch.distributed transport per process in a distributed run; None (in-process) otherwise."""
-        if self.world_size == 1:
-            return None
-        from odin_nerfstudio.comm.transport import DistributedTransport
+        """One torch.distributed transport per process in a distributed run; None (in-process) otherwise; behind
+        the `interconnect` link model when one is chosen (then in-process workers get their linked endpoints)."""
+        from odin_nerfstudio.comm.link import link_preset, linked_distributed, linked_virtual
+        from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
 
+        link = link_preset(self.config.interconnect)
         params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
-        return [DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)]
+        if self.world_size == 1:
+            return None if link is None else linked_virtual(VirtualTransport(len(self.local_workers), params), link)
+        transport = DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)
+        return [transport if link is None else linked_distributed(transport, link)]
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:
         """Point each selective Adam at the model's current parameter, carrying its state.
