@@ -25,10 +25,9 @@ all are on the board by then.
 Clock: ``time.time`` by default, one clock for every process of a machine (and, NTP-synchronized, roughly of a
 cluster, where a real link exists anyway); tests pass a fake clock.
 
-Presets (:data:`PRESETS`): the link classes are scaled to this machine's compute. The CPU rasterizer renders and
-back-propagates a 128x96 street view in about 50 ms, some 30-50x slower than a GPU; a link class is emulated with
-its latency and bandwidth slowed by that factor, so that communication takes the share of a step it takes beside a
-GPU. See :data:`PRESETS` for the values and how they were chosen.
+Presets (:data:`PRESETS`): real link classes slowed by :data:`DILATION`, how much slower the CPU rasterizer trains a
+view than a GPU, so that communication takes the share of a step it takes beside a GPU. See :data:`PRESETS` for the
+values and how they were chosen.
 """
 
 from __future__ import annotations
@@ -73,15 +72,31 @@ class LinkModel:
 InterconnectName = Literal["none", "10gbe", "pcie"]
 """The trainer's and the benchmark's ``--interconnect`` choices: no model, or a preset of :data:`PRESETS`."""
 
+DILATION = 120.0
+"""How much slower this machine computes a training view than a GPU: the CPU rasterizer's render + backward of a
+128x96 street view of 40,000 Gaussians takes about 100 ms (bench_train on an idle machine), gsplat's on a GPU
+about 0.8 ms (an estimate: no GPU was at hand to measure it). A link is emulated slowed by the same factor, so that
+an exchange takes the share of a step it takes beside a GPU."""
+
+
+def _scaled(name: str, latency_s: float, bandwidth_bytes_per_s: float) -> LinkModel:
+    """A real link's latency and bandwidth, slowed by :data:`DILATION`."""
+    return LinkModel(f"{name} slowed {DILATION:g}x", latency_s * DILATION, bandwidth_bytes_per_s / DILATION)
+
+
 PRESETS: dict[str, LinkModel] = {
-    "10gbe": LinkModel("10 GbE class, scaled to the CPU rasterizer", latency_s=4e-3, bandwidth_bytes_per_s=30e6),
-    "pcie": LinkModel("PCIe / NVLink-less GPU box class, scaled", latency_s=1e-3, bandwidth_bytes_per_s=120e6),
+    "10gbe": _scaled("10 GbE (1.25 GB/s, 50 us)", 50e-6, 1.25e9),
+    "pcie": _scaled("PCIe 4.0 x16 through the host (12 GB/s, 10 us)", 10e-6, 12e9),
 }
-"""Named links. Chosen so that the barrier's idle share on bench_train's 64-view street (2 gloo ranks, one thread
-each, 128x96 views, about 0.3 MB per rank and exchange) lands in the Odin paper's 15-26% range: ``10gbe`` adds
-about 14 ms per exchange, ``pcie`` about 3.5 ms, against about 50 ms of render and backward per view. Both are
-10 GbE (1.25 GB/s, ~100 us with the software stack) and PCIe 4 x16 without GPUDirect (~5 GB/s effective, ~25 us)
-slowed 40x, the ratio between this CPU's and a GPU's step time."""
+"""Named links: 10 GbE between GPU nodes, and PCIe between the GPUs of one box without NVLink (NCCL through host
+memory), at their nominal bandwidth, latency with the software stack, slowed by :data:`DILATION`.
+
+How they were chosen: on bench_train's 64-view street (2 gloo ranks, one thread each) a rank's exchange carries
+43 KB on average (165 rows; at most 244 KB), and a barrier step lasts about 125 ms per rank with idle 11% / 25%
+on loopback (BENCHMARKS.md). ``10gbe`` adds 6 ms + 43 KB / 10.4 MB/s = 10 ms per exchange, which moves the
+barrier's idle to about 18% / 31% (mean 24%, in the paper's 15-26%); ``pcie`` adds 1.6 ms (mean idle about 19%).
+These are predictions from the model; measure with ``bench_train.py --interconnect none,10gbe,pcie`` on an idle
+machine (on a loaded one every compute span stretches and the fixed delays weigh less)."""
 
 
 def link_preset(name: str) -> LinkModel | None:
