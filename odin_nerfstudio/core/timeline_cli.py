@@ -4,8 +4,8 @@ Why: the Chrome trace (``odin_timeline.json``, ``odin_timeline_rank<r>.json``) o
 report or an issue should show at a glance where each rank computed and where it waited, and why. One lane per
 worker of each rank: render (blue), backward (orange), wait coloured by its reason (raw conflict red, barrier grey,
 ring purple, other brown); under it a thin lane of the rank's exchanges in flight (comm, green, from its start to its
-publication) and its publications (black). Each rank's clock starts at its runtime's creation (the processes start
-together, give or take the setup). Above: views/s, the share of the wait-free bound, and per rank the idle and
+publication) and its publications (black). Time runs from the run's first event; the ranks of one host share its
+monotonic clock, so their lanes line up (traces from several hosts are offset by their clocks). Above: views/s, the share of the wait-free bound, and per rank the idle and
 exposed wait shares (``timeline_metrics``).
 
 Usage: ``odin-timeline <run folder or trace json> [--output timeline.png] [--start S] [--end S]``.
@@ -37,7 +37,7 @@ class TimelineCliConfig:
     output: Optional[Path] = None
     """Where the PNG goes (default: odin_timeline.png beside the first trace)."""
     start: float = 0.0
-    """First second shown (of each rank's clock)."""
+    """First second shown (from the run's first event)."""
     end: Optional[float] = None
     """Last second shown (default: the end of the run)."""
 
@@ -69,7 +69,8 @@ def draw(run: RunMetrics, events: list[list[Event]], output: Path, start: float 
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    last = max((e.end_ns for rank in events for e in rank), default=0) / 1e9
+    origin = min((e.start_ns for rank in events for e in rank), default=0)
+    last = (max((e.end_ns for rank in events for e in rank), default=origin) - origin) / 1e9
     end = last if end is None else end
     lanes: list[tuple[str, float, float, list[Event]]] = []
     y = 0.0
@@ -85,17 +86,17 @@ def draw(run: RunMetrics, events: list[list[Event]], output: Path, start: float 
         y -= THIN + 0.6
     figure, axes = plt.subplots(figsize=(14, 1.2 + 0.55 * len(lanes)))
     for _, base, height, lane_events in lanes:
-        shown = [e for e in lane_events if e.end_ns / 1e9 >= start and e.start_ns / 1e9 <= end]
+        shown = [e for e in lane_events if (e.end_ns - origin) / 1e9 >= start and (e.start_ns - origin) / 1e9 <= end]
         for name_group in ("comm", "other"):
             group = [e for e in shown if (e.name == "comm") == (name_group == "comm")]
             if not group:
                 continue
-            bars = [(e.start_ns / 1e9, max(e.end_ns - e.start_ns, 1) / 1e9) for e in group]
+            bars = [((e.start_ns - origin) / 1e9, max(e.end_ns - e.start_ns, 1) / 1e9) for e in group]
             heights = (base, height / 2) if name_group == "comm" else (base, height)
             axes.broken_barh(bars, heights, facecolors=[colour(e) for e in group], linewidth=0)
     axes.set_yticks([base + height / 2 for _, base, height, _ in lanes], [label for label, *_ in lanes])
     axes.set_xlim(start, end)
-    axes.set_xlabel("seconds (each rank's clock from its runtime's start)")
+    axes.set_xlabel("seconds from the run's first event")
     axes.set_title(summary(run), fontsize=9, loc="left")
     legend = [Patch(color=c, label=n) for n, c in (("render", COLOURS["render"]), ("backward", COLOURS["backward"]))]
     legend += [Patch(color=c, label=f"wait: {reason}") for reason, c in WAIT_COLOURS.items()]

@@ -124,6 +124,7 @@ class RunMetrics:
 
     @property
     def views(self) -> int:
+        """Distinct tasks trained over every rank."""
         return sum(r.views for r in self.ranks)
 
     @property
@@ -133,6 +134,7 @@ class RunMetrics:
 
     @property
     def views_per_s(self) -> float:
+        """Throughput: views over the longest span."""
         return self.views / self.span_s if self.span_s > 0 else 0.0
 
     @property
@@ -154,6 +156,7 @@ class RunMetrics:
 
     @property
     def exposed_wait_per_view_s(self) -> float:
+        """Exposed wait over every rank per view trained (comparable between runs of different lengths)."""
         return self.exposed_wait_s / self.views if self.views else 0.0
 
     @property
@@ -286,15 +289,16 @@ def rank_metrics(rank: int, events: Sequence[Event], counters: Mapping[str, Any]
 
 
 def events_from_chrome_trace(trace: Mapping[str, Any]) -> list[Event]:
-    """The events of a Chrome trace written by :meth:`Timeline.chrome_trace` (microseconds back to nanoseconds),
-    in recording order (by end, ties in file order)."""
+    """The events of a Chrome trace written by :meth:`Timeline.chrome_trace` (microseconds back to nanoseconds of
+    the clock, from the trace's ``origin_ns`` when it has one), in recording order (by end, ties in file order)."""
+    origin = int(trace.get("otherData", {}).get("origin_ns", 0))
     events = []
     for entry in trace["traceEvents"]:
         if entry.get("ph") != "X":
             continue
         args = dict(entry.get("args", {}))
         step = int(args.pop("step", -1))
-        start = round(entry["ts"] * 1000)
+        start = origin + round(entry["ts"] * 1000)
         events.append(Event(entry["name"], int(entry["tid"]), step, start, start + round(entry["dur"] * 1000), args))
     return sorted(events, key=lambda e: e.end_ns)
 

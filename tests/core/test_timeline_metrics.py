@@ -145,10 +145,10 @@ def test_chrome_trace_and_run_folder_read_back_to_the_same_figures(tmp_path: Pat
     folder.mkdir()
     for rank, events in enumerate((rank0, rank1)):
         timeline = Timeline()
-        timeline.origin_ns = 0
+        timeline.origin_ns = 3 * MS * rank
         timeline.events = list(events)
         timeline.export_chrome_trace(folder / f"odin_timeline_rank{rank}.json")
-        assert events_from_chrome_trace(timeline.chrome_trace()) == events
+        assert events_from_chrome_trace(timeline.chrome_trace()) == events, "each rank's origin is added back"
     (folder / "odin_counters_rank1.json").write_text(
         json.dumps({"bookkeeping_ns": 0, "validation_failures": {}, "stale_reads": []})
     )
