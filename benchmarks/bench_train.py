@@ -2,8 +2,9 @@
 
 Why: DESIGN.md's measurements from real runs of the product, side by side: throughput (views/s) and its share of
 the wait-free bound, each worker's idle and exposed wait share, the barrier's wait each mode hides, the conflict
-rate, the fallback (re-run) rate, stale reads and their staleness, and the held-out PSNR the mode ends with. Barrier is the synchronous baseline; quality-first must end at the same model;
-throughput-first may admit bounded stale reads.
+rate, the fallback (re-run) rate, stale reads and their staleness, and the held-out PSNR the mode ends with.
+Barrier is the synchronous baseline; quality-first must end at the same model; throughput-first may admit bounded
+stale reads.
 
 Scene: an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians`` procedural
 Gaussians); nerfstudio holds out every 8th view for evaluation.
@@ -20,9 +21,9 @@ exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per
 the barrier run on the same interconnect), conflicting tasks and re-runs per task, stale reads and their staleness.
 ``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
 
-Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--quick]``; ``--quick`` runs a small scene for a few
-steps (for tests) and never writes BENCHMARKS.md. Otherwise the figures replace the section between
-``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
+Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--quick]``; ``--quick`` runs
+a small scene for a few steps (for tests) and never writes BENCHMARKS.md. Otherwise the figures replace the section
+between ``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ report or an issue should show at a glance where each rank computed and where it
 worker of each rank: render (blue), backward (orange), wait coloured by its reason (raw conflict red, barrier grey,
 ring purple, other brown); under it a thin lane of the rank's exchanges in flight (comm, green, from its start to its
 publication) and its publications (black). Time runs from the run's first event; the ranks of one host share its
-monotonic clock, so their lanes line up (traces from several hosts are offset by their clocks). Above: views/s, the share of the wait-free bound, and per rank the idle and
-exposed wait shares (``timeline_metrics``).
+monotonic clock, so their lanes line up (traces from several hosts are offset by their clocks). Above: views/s, the
+share of the wait-free bound, and per rank the idle and exposed wait shares (``timeline_metrics``).
 
 Usage: ``odin-timeline <run folder or trace json> [--output timeline.png] [--start S] [--end S]``.
 """
@@ -61,7 +61,9 @@ def colour(event: Event) -> str:
     return COLOURS.get(event.name, OTHER_WAIT)
 
 
-def draw(run: RunMetrics, events: list[list[Event]], output: Path, start: float = 0.0, end: float | None = None) -> Path:
+def draw(
+    run: RunMetrics, events: list[list[Event]], output: Path, start: float = 0.0, end: float | None = None
+) -> Path:
     """Draw every rank's lanes between ``start`` and ``end`` seconds into ``output`` (PNG); returns it."""
     import matplotlib
 
