@@ -1,24 +1,29 @@
 """Training benchmark: odin-splat through ns-train's command line on W processes, barrier against Odin's modes.
 
-Why: DESIGN.md's measurements from real runs of the product, side by side: throughput (views/s), each worker's
-exposed wait and idle share, the conflict rate, the fallback (re-run) rate, stale reads and their staleness, and the
-held-out PSNR the mode ends with. Barrier is the synchronous baseline; quality-first must end at the same model;
-throughput-first may admit bounded stale reads.
+Why: DESIGN.md's measurements from real runs of the product, side by side: throughput (views/s) and its share of
+the wait-free bound, each worker's idle and exposed wait share, the barrier's wait each mode hides, the conflict
+rate, the fallback (re-run) rate, stale reads and their staleness, and the held-out PSNR the mode ends with.
+Barrier is the synchronous baseline; quality-first must end at the same model; throughput-first may admit bounded
+stale reads.
 
 Scene: an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians`` procedural
 Gaussians); nerfstudio holds out every 8th view for evaluation.
 
-Run: per mode, ``torchrun --nproc-per-node W --no-python odin-train odin-splat ... --runtime.mode MODE`` (gloo on
-CPU, one torch thread per rank, NCCL with ``--device cuda``), ``--iterations`` schedule steps, then ``ns-eval`` on
-rank 0's last checkpoint. Figures come from each rank's ``odin_timeline_rank<r>.json`` (Chrome trace) and
-``odin_counters_rank<r>.json``: a rank's training span runs from its first render to its last event; views/s is the
-views trained over the longest span; exposed wait is the summed "wait" spans (a worker that could not read); idle
-share is the part of the span outside render, backward and the runtime's bookkeeping; the conflict rate counts
-reads that waited on a conflicting publication (RAW) per task, the fallback rate re-runs per task.
+Run: per interconnect and mode, ``torchrun --nproc-per-node W --no-python odin-train odin-splat ... --runtime.mode
+MODE --interconnect LINK`` (gloo on CPU, one torch thread per rank, NCCL with ``--device cuda``), ``--iterations``
+schedule steps, then ``ns-eval`` on rank 0's last checkpoint. ``--interconnect none,10gbe`` runs every mode on
+plain loopback and again behind the emulated 10 GbE-class link (``odin_nerfstudio.comm.link``: every exchange
+delayed by latency + bytes / bandwidth, the same for every mode). Figures come from each rank's
+``odin_timeline_rank<r>.json`` (Chrome trace) and ``odin_counters_rank<r>.json``, computed as
+``odin_nerfstudio.core.timeline_metrics`` defines them: views/s over the longest rank's span, the wait-free bound
+(views over the largest per-rank compute: render, backward, bookkeeping) and the share of it reached, idle and
+exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per view, that a mode removes, against
+the barrier run on the same interconnect), conflicting tasks and re-runs per task, stale reads and their staleness.
+``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
 
-Usage: ``python benchmarks/bench_train.py [--workers 2] [--quick]``; ``--quick`` runs a small scene for a few
-steps (for tests) and never writes BENCHMARKS.md. Otherwise the figures replace the section between
-``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
+Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--quick]``; ``--quick`` runs
+a small scene for a few steps (for tests) and never writes BENCHMARKS.md. Otherwise the figures replace the section
+between ``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ from pathlib import Path
 
 from _report import BENCHMARKS, cpu_name, publish
 
+from odin_nerfstudio.comm.link import link_preset
+from odin_nerfstudio.core.timeline_cli import draw
+from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
+
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
 MODES = ("barrier", "quality", "throughput")
@@ -45,33 +54,14 @@ MODES = ("barrier", "quality", "throughput")
 
 @dataclass
 class ModeRun:
-    """What one mode's run produced: per rank its trace events and counters, the wall time and the PSNR."""
+    """What one mode's run produced: its timeline figures, every rank's counters, the wall time and the PSNR."""
 
     mode: str
-    events: list[list[dict]]
+    interconnect: str
+    metrics: RunMetrics
     counters: list[dict]
     wall_s: float
     psnr: float
-
-    def span_s(self, rank: int) -> float:
-        """Rank ``rank``'s training span: first render start to last event end, seconds."""
-        events = self.events[rank]
-        start = min(e["ts"] for e in events if e["name"] == "render")
-        return (max(e["ts"] + e["dur"] for e in events) - start) / 1e6
-
-    def total_s(self, rank: int, name: str) -> float:
-        """Summed duration of rank ``rank``'s events called ``name``, seconds."""
-        return sum(e["dur"] for e in self.events[rank] if e["name"] == name) / 1e6
-
-    @property
-    def views(self) -> int:
-        """Views trained over all ranks (re-runs not counted)."""
-        return sum(c["tasks"] - c["reruns"] for c in self.counters)
-
-    @property
-    def tasks(self) -> int:
-        """Renders over all ranks, re-runs included."""
-        return sum(c["tasks"] for c in self.counters)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,12 +73,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gaussians", type=int, default=40_000, help="Gaussians of the procedural world")
     parser.add_argument("--iterations", type=int, default=120, help="schedule steps per mode")
     parser.add_argument("--modes", nargs="*", default=list(MODES), help="runtime modes to run")
+    parser.add_argument(
+        "--interconnect",
+        default="none",
+        help="comma-separated links under every exchange: none (loopback) and presets of odin_nerfstudio.comm.link",
+    )
+    parser.add_argument("--timeline-dir", type=Path, default=None, help="draw each run's timeline PNG here")
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per command before it is killed")
     parser.add_argument("--quick", action="store_true", help="small scene, a few steps, print only")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
+    args.interconnect = args.interconnect.split(",")
+    for name in args.interconnect:
+        link_preset(name)
     if args.quick:
         args.views, args.gaussians, args.iterations, args.no_write = 16, 6000, 6, True
     return args
@@ -123,8 +122,10 @@ def make_street(args: argparse.Namespace, folder: Path) -> Path:
     return scene
 
 
-def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str) -> ModeRun:
-    """Train ``mode`` on W ranks, evaluate rank 0's checkpoint, read every rank's trace and counters."""
+def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, interconnect: str) -> ModeRun:
+    """Train ``mode`` on W ranks behind ``interconnect``, evaluate rank 0's checkpoint, read every rank's trace and
+    counters."""
+    name = f"{mode}-{interconnect}"
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(args.workers), "--master-port", str(free_port())]
     train = [
         "--no-python",
@@ -141,7 +142,7 @@ def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str) -
         "--output-dir",
         str(folder),
         "--experiment-name",
-        mode,
+        name,
         "--timestamp",
         "run",
         "--max-num-iterations",
@@ -156,31 +157,27 @@ def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str) -
         "0",
         "--runtime.mode",
         mode,
+        "--interconnect",
+        interconnect,
     ]
     start = time.perf_counter()
     run([*torchrun, *train], args.timeout)
     wall = time.perf_counter() - start
-    run_dir = folder / mode / "odin-splat" / "run"
-    eval_json = folder / f"{mode}-eval.json"
+    run_dir = folder / name / "odin-splat" / "run"
+    eval_json = folder / f"{name}-eval.json"
     run([str(BIN / "ns-eval"), "--load-config", str(run_dir / "config.yml"), "--output-path", str(eval_json)], 600)
-    ranks = range(args.workers)
-    events = [json.loads((run_dir / f"odin_timeline_rank{r}.json").read_text())["traceEvents"] for r in ranks]
-    counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in ranks]
+    metrics, events = load_run(run_dir)
+    if args.timeline_dir is not None:
+        args.timeline_dir.mkdir(parents=True, exist_ok=True)
+        draw(metrics, events, args.timeline_dir / f"bench_train_{name}.png")
+    counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in range(args.workers)]
     psnr = json.loads(eval_json.read_text())["results"]["psnr"]
-    return ModeRun(mode, events, counters, wall, psnr)
+    return ModeRun(mode, interconnect, metrics, counters, wall, psnr)
 
 
-def rank_cells(run: ModeRun, how: str) -> str:
-    """Per rank, one figure joined by " / "."""
-    cells = []
-    for rank, counters in enumerate(run.counters):
-        span = run.span_s(rank)
-        if how == "wait":
-            cells.append(f"{run.total_s(rank, 'wait') / span:.0%}")
-        else:
-            busy = (counters["render_ns"] + counters["backward_ns"] + counters["bookkeeping_ns"]) / 1e9
-            cells.append(f"{max(0.0, 1.0 - busy / span):.0%}")
-    return " / ".join(cells)
+def per_rank(values: list[float]) -> str:
+    """Shares per rank, joined by " / "."""
+    return " / ".join(f"{value:.0%}" for value in values)
 
 
 def failures(run: ModeRun) -> str:
@@ -189,25 +186,30 @@ def failures(run: ModeRun) -> str:
     return ", ".join(str(sum(c["validation_failures"].get(kind, 0) for c in run.counters)) for kind in kinds)
 
 
-def mode_rows(run: ModeRun) -> list[tuple[str, str]]:
-    """The table's rows for one mode."""
-    spans = [run.span_s(r) for r in range(len(run.counters))]
-    raw = sum(c["waits"].get("raw", 0) for c in run.counters)
-    stale = [s for c in run.counters for s in c["stale_reads"]]
-    kept = [s for s in stale if s["kept"]]
-    bookkeeping = sum(c["bookkeeping_ns"] for c in run.counters) / 1e6 / max(run.tasks, 1)
+def mode_rows(run: ModeRun, barrier: ModeRun | None) -> list[tuple[str, str]]:
+    """The table's rows for one mode (``barrier``: the barrier run on the same interconnect, for the hidden wait)."""
+    metrics, ranks = run.metrics, run.metrics.ranks
+    renders = sum(r.renders for r in ranks)
+    stale = metrics.stale
+    mean_staleness = stale.staleness_sum / stale.admitted if stale.admitted else 0.0
+    hidden = None if barrier is None or barrier is run else metrics.hidden_wait(barrier.metrics)
+    bookkeeping = sum(r.bookkeeping_s for r in ranks) * 1e3 / max(renders, 1)
     return [
-        ("views trained (renders incl. re-runs)", f"{run.views} ({run.tasks})"),
-        ("training span, longest rank", f"{max(spans):.1f} s"),
-        ("**views/s**", f"**{run.views / max(spans):.2f}**"),
-        ("exposed wait share per rank", rank_cells(run, "wait")),
-        ("idle share per rank (span outside render, backward, bookkeeping)", rank_cells(run, "idle")),
-        ("conflict rate (RAW waits per task)", f"{raw / max(run.tasks, 1):.2f}"),
-        ("fallback rate (re-runs per task)", f"{sum(c['reruns'] for c in run.counters) / max(run.tasks, 1):.3f}"),
+        ("views trained (renders incl. re-runs)", f"{metrics.views} ({renders})"),
+        ("training span, longest rank", f"{metrics.span_s:.1f} s"),
+        ("**views/s**", f"**{metrics.views_per_s:.2f}**"),
+        ("wait-free bound (views / largest rank compute)", f"{metrics.wait_free_views_per_s:.2f} views/s"),
+        ("**share of the wait-free bound**", f"**{metrics.bound_share:.0%}**"),
+        ("idle share per rank (span outside render, backward, bookkeeping)", per_rank([r.idle_share for r in ranks])),
+        ("exposed wait share per rank (waits outside compute)", per_rank([r.exposed_wait_share for r in ranks])),
+        ("exposed wait per view", f"{metrics.exposed_wait_per_view_s * 1e3:.1f} ms"),
+        ("**hidden wait** (share of barrier's exposed wait removed)", "-" if hidden is None else f"**{hidden:.0%}**"),
+        ("conflict rate (conflicting tasks per task)", f"{metrics.conflict_rate:.2f}"),
+        ("fallback rate (re-runs per task)", f"{metrics.fallback_rate:.3f}"),
         ("validation failures by kind (stale read, candidate set moved, escape)", failures(run)),
         (
-            "stale reads admitted, kept; max staleness",
-            f"{len(stale)}, {len(kept)}; {max((s['staleness'] for s in stale), default=0)}",
+            "stale reads admitted, kept; max (mean) staleness",
+            f"{stale.admitted}, {stale.kept}; {stale.max_staleness} ({mean_staleness:.1f})",
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint)", f"**{run.psnr:.2f} dB**"),
@@ -215,9 +217,29 @@ def mode_rows(run: ModeRun) -> list[tuple[str, str]]:
     ]
 
 
+def table(runs: list[ModeRun]) -> list[str]:
+    """One interconnect's runs side by side, a column per mode."""
+    barrier = next((run for run in runs if run.mode == "barrier"), None)
+    columns = [mode_rows(run, barrier) for run in runs]
+    lines = [f"| figure | {' | '.join(run.mode for run in runs)} |", f"|---|{'---|' * len(runs)}"]
+    for index, (name, _) in enumerate(columns[0]):
+        lines.append(f"| {name} | {' | '.join(column[index][1] for column in columns)} |")
+    return lines
+
+
+def interconnect_title(name: str) -> str:
+    """A heading naming the interconnect and, for a preset, its model."""
+    link = link_preset(name)
+    if link is None:
+        return "Interconnect: none (gloo over loopback)"
+    return (
+        f"Interconnect: `{name}` emulated ({link.name}: {link.latency_s * 1e3:g} ms + bytes / "
+        f"{link.bandwidth_bytes_per_s / 1e6:g} MB/s per message)"
+    )
+
+
 def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
-    """The markdown section (without markers)."""
-    columns = [mode_rows(run) for run in runs]
+    """The markdown section (without markers): one table per interconnect."""
     lines = [
         "## bench_train: odin-splat on W processes, barrier against Odin's modes",
         "",
@@ -232,14 +254,13 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
         (
             f"Scene: odin-synth street, {args.views} views at 128x96 along {args.street_length:.0f} m, "
             f"{args.gaussians:,} procedural Gaussians; every 8th view held out. {args.iterations} schedule steps per "
-            "mode through `torchrun ... odin-train odin-splat`, then `ns-eval`."
+            "mode through `torchrun ... odin-train odin-splat`, then `ns-eval`. Figures as "
+            "`odin_nerfstudio.core.timeline_metrics` defines them."
         ),
-        "",
-        f"| figure | {' | '.join(run.mode for run in runs)} |",
-        f"|---|{'---|' * len(runs)}",
     ]
-    for index, (name, _) in enumerate(columns[0]):
-        lines.append(f"| {name} | {' | '.join(column[index][1] for column in columns)} |")
+    for interconnect in args.interconnect:
+        lines += ["", interconnect_title(interconnect), ""]
+        lines += table([run for run in runs if run.interconnect == interconnect])
     return "\n".join(lines)
 
 
@@ -250,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         folder = Path(tmp)
         scene = make_street(args, folder)
-        runs = [train_mode(args, scene, folder, mode) for mode in args.modes]
+        runs = [train_mode(args, scene, folder, mode, link) for link in args.interconnect for mode in args.modes]
     text = report(args, command, runs)
     publish(NAME, text, None if args.no_write else args.output)
 

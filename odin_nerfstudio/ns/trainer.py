@@ -19,10 +19,12 @@ worker with its own replica: rank 0's initial Gaussians are broadcast, the pipel
 (`OdinPipeline`), only rank 0 evaluates and saves, and a checksum every `replica_check_every` steps and at the end
 checks that the replicas are still bit-identical.
 
-Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count and the runtime's counters
-(waits, re-runs, stale reads, bookkeeping and communication per task). At the end the runtime's timeline is written
-as a Chrome trace (`odin_timeline.json`, or `odin_timeline_rank<r>.json` per rank), which opens in Perfetto, and
-its counters as `odin_counters.json` (`odin_counters_rank<r>.json`).
+Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count, the runtime's counters
+(waits, re-runs, stale reads, bookkeeping and communication per task) and the rank's timeline figures (`odin/*`:
+views/s, share of the wait-free bound, idle and exposed wait shares, conflict and fallback rates, stale reads). At
+the end the runtime's timeline is written as a Chrome trace (`odin_timeline.json`, or `odin_timeline_rank<r>.json`
+per rank), which opens in Perfetto and `odin-timeline` draws, and its counters as `odin_counters.json`
+(`odin_counters_rank<r>.json`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from nerfstudio.utils.comms import is_main_process
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.comm.link import InterconnectName
+from odin_nerfstudio.core.timeline_metrics import TimelineMeter, live_scalars
 from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 
@@ -77,6 +81,10 @@ class OdinTrainerConfig(TrainerConfig):
     follow_overlap_window: bool = True
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
+    interconnect: InterconnectName = "none"
+    """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
+    delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
+    communication free. none: the real transport only."""
 
 
 def require_cuda_if_asked(device_type: str) -> None:
@@ -125,6 +133,7 @@ class OdinTrainer(Trainer):
             start_step=self._start_step,
         )
         self._cameras: dict = {}
+        self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.world_size == 1 and self.runtime.config.num_workers > 1:
             CONSOLE.log(f"Odin: {self.runtime.config.num_workers} virtual workers in this process")
 
@@ -163,13 +172,17 @@ class OdinTrainer(Trainer):
         )
 
     def _transports(self) -> list | None:
-        """One torch.distributed transport per process in a distributed run; None (in-process) otherwise."""
-        if self.world_size == 1:
-            return None
-        from odin_nerfstudio.comm.transport import DistributedTransport
+        """One torch.distributed transport per process in a distributed run; None (in-process) otherwise; behind
+        the `interconnect` link model when one is chosen (then in-process workers get their linked endpoints)."""
+        from odin_nerfstudio.comm.link import link_preset, linked_distributed, linked_virtual
+        from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
 
+        link = link_preset(self.config.interconnect)
         params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
-        return [DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)]
+        if self.world_size == 1:
+            return None if link is None else linked_virtual(VirtualTransport(len(self.local_workers), params), link)
+        transport = DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)
+        return [transport if link is None else linked_distributed(transport, link)]
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:
         """Point each selective Adam at the model's current parameter, carrying its state.
@@ -240,11 +253,18 @@ class OdinTrainer(Trainer):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
-        return loss, {"main_loss": loss}, self._odin_metrics()
+        logged = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
+        return loss, {"main_loss": loss}, self._odin_metrics(timeline=logged)
 
-    def _odin_metrics(self) -> dict[str, float]:
-        """The Gaussian count and the runtime's counters, for nerfstudio's writers."""
+    def _odin_metrics(self, timeline: bool = True) -> dict[str, float]:
+        """The Gaussian count, the runtime's counters and, with ``timeline``, this rank's timeline figures so far
+        (views/s, share of the wait-free bound, idle and exposed wait shares, conflict and fallback rates, stale
+        reads: `core.timeline_metrics`), for nerfstudio's writers, which log them every `steps_per_log`."""
         counters = self.runtime.counters
+        figures = {}
+        if timeline:
+            self._meter.consume(self.runtime.timeline.events)
+            figures = live_scalars(self._meter.metrics(counters))
         return {
             "gaussian_count": float(self.runtime.num_primitives),
             "odin/published_step": float(self.runtime.published_through),
@@ -253,6 +273,7 @@ class OdinTrainer(Trainer):
             "odin/stale_reads": float(len(counters.stale_reads)),
             "odin/bookkeeping_ms_per_task": counters.bookkeeping_ns / 1e6 / max(counters.tasks, 1),
             "odin/comm_ms_per_task": counters.comm_ns / 1e6 / max(counters.tasks, 1),
+            **figures,
         }
 
     def eval_iteration(self, step: int) -> None:

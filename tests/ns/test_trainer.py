@@ -139,3 +139,22 @@ def test_without_cuda_the_trainer_stops_in_one_line_naming_the_cpu_flag(
         config.setup(local_rank=0, world_size=1)
     message = str(stop.value.code)
     assert "no CUDA device found" in message and "--machine.device-type cpu" in message and "\n" not in message
+
+
+def test_an_emulated_interconnect_delays_every_exchange_and_changes_no_bit(street: Path, tmp_path: Path) -> None:
+    """`--interconnect pcie`: every exchange is in flight at least the link's latency (its comm span, from the
+    exchange's start to its publication), the model ends bit-identical to the run without it, and the rank's
+    timeline figures reach the writers as odin/* scalars."""
+    from odin_nerfstudio.comm.link import PRESETS, LinkedTransport
+
+    linked_config = trainer_config(street, tmp_path / "linked", 8)
+    linked_config.interconnect = "pcie"
+    linked = train(linked_config)
+    plain = train(trainer_config(street, tmp_path / "plain", 8))
+    assert [type(t) for t in linked.runtime.transports] == [LinkedTransport, LinkedTransport]
+    comm = [e.end_ns - e.start_ns for e in linked.runtime.timeline.events if e.name == "comm"]
+    assert len(comm) == 2 * 8 and min(comm) >= PRESETS["pcie"].latency_s * 1e9
+    assert_identical(snapshot(linked), snapshot(plain))
+    logged = b"".join(path.read_bytes() for path in linked.base_dir.glob("events.out.tfevents.*"))
+    for name in (b"odin/views_per_s", b"odin/wait_free_bound_share", b"odin/idle_share", b"odin/conflict_rate"):
+        assert name in logged, name

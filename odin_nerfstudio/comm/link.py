@@ -1,0 +1,268 @@
+"""An emulated interconnect around any :class:`~odin_nerfstudio.comm.transport.Transport`: an exchange is delivered
+only once every worker's message has crossed a modeled link (latency + bytes / bandwidth).
+
+Why: on one CPU machine, gloo over loopback makes an exchange nearly free, so a barrier loses only to imbalance; on
+a GPU cluster the exchange is a real share of a step (the Odin paper's idle of up to 26% per GPU under the barrier).
+This module is an emulation that stands for such links, applied identically to every mode, so that the modes are
+compared on a fair stage. It is off by default (``--interconnect none``).
+
+The model, per exchange of step s: worker r's message leaves when r starts its exchange (``send_r``) and arrives
+everywhere at ``send_r + latency + bytes_r / bandwidth``, bytes_r being its sparse update's size
+(:attr:`~odin_nerfstudio.core.sparse.SparseUpdate.nbytes`: rows, gradient rows, statistics). The exchange is
+delivered on every worker at the latest arrival, as a collective completes everywhere once every part has crossed.
+Messages do not contend for a link (a full-bisection network, one message per worker and exchange), which is the
+all-gather of two workers exactly and an optimistic bound for more.
+
+How, without the runtime knowing: :class:`LinkedTransport` wraps a worker's transport. At ``start_exchange`` it posts
+its message's modeled arrival time on a board shared by the workers (:class:`LocalBoard` in one process,
+:class:`StoreBoard` on torch.distributed's key-value store, beside the collectives, never among them) and starts the
+real exchange at once. Its handle is done when the real exchange is done and the clock has passed the latest
+arrival; ``wait`` sleeps only for what remains of the modeled delay. Nothing sleeps at the start or in ``done``, so
+the delay runs while the worker computes, as on a real link, and a worker that polls late finds the exchange
+delivered. The arrivals are read once the real exchange is done: every worker posts before it starts its part, so
+all are on the board by then.
+
+Clock: ``time.time`` by default, one clock for every process of a machine (and, NTP-synchronized, roughly of a
+cluster, where a real link exists anyway); tests pass a fake clock.
+
+Presets (:data:`PRESETS`): real link classes slowed by :data:`DILATION`, how much slower the CPU rasterizer trains a
+view than a GPU, so that communication takes the share of a step it takes beside a GPU. See :data:`PRESETS` for the
+values and how they were chosen.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from odin_nerfstudio.comm.transport import ExchangeHandle, Transport, VirtualTransport
+from odin_nerfstudio.core.sparse import SparseUpdate
+
+Clock = Callable[[], float]
+"""Seconds, the same clock on every worker of a run."""
+Sleep = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """A link: every message is delayed by ``latency_s + bytes / bandwidth_bytes_per_s``.
+
+    Attributes:
+        name: what it stands for.
+        latency_s: per-message latency, seconds.
+        bandwidth_bytes_per_s: bytes per second.
+    """
+
+    name: str
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if self.latency_s < 0 or self.bandwidth_bytes_per_s <= 0:
+            raise ValueError(f"link {self.name}: latency must be >= 0 and bandwidth > 0, got {self}")
+
+    def delay_s(self, nbytes: int) -> float:
+        """Seconds a message of ``nbytes`` bytes takes to cross the link."""
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+InterconnectName = Literal["none", "10gbe", "pcie"]
+"""The trainer's and the benchmark's ``--interconnect`` choices: no model, or a preset of :data:`PRESETS`."""
+
+DILATION = 120.0
+"""How much slower this machine computes a training view than a GPU: the CPU rasterizer's render + backward of a
+128x96 street view of 40,000 Gaussians takes about 100 ms (bench_train on an idle machine), gsplat's on a GPU
+about 0.8 ms (an estimate: no GPU was at hand to measure it). A link is emulated slowed by the same factor, so that
+an exchange takes the share of a step it takes beside a GPU."""
+
+
+def _scaled(name: str, latency_s: float, bandwidth_bytes_per_s: float) -> LinkModel:
+    """A real link's latency and bandwidth, slowed by :data:`DILATION`."""
+    return LinkModel(f"{name} slowed {DILATION:g}x", latency_s * DILATION, bandwidth_bytes_per_s / DILATION)
+
+
+PRESETS: dict[str, LinkModel] = {
+    "10gbe": _scaled("10 GbE (1.25 GB/s, 50 us)", 50e-6, 1.25e9),
+    "pcie": _scaled("PCIe 4.0 x16 through the host (12 GB/s, 10 us)", 10e-6, 12e9),
+}
+"""Named links: 10 GbE between GPU nodes, and PCIe between the GPUs of one box without NVLink (NCCL through host
+memory), at their nominal bandwidth, latency with the software stack, slowed by :data:`DILATION`.
+
+How they were chosen: on bench_train's 64-view street (2 gloo ranks, one thread each) a rank's exchange carries
+43 KB on average (165 rows; at most 244 KB), and a barrier step lasts about 125 ms per rank with idle 11% / 25%
+on loopback (BENCHMARKS.md). ``10gbe`` adds 6 ms + 43 KB / 10.4 MB/s = 10 ms per exchange, which moves the
+barrier's idle to about 18% / 31% (mean 24%, in the paper's 15-26%); ``pcie`` adds 1.6 ms (mean idle about 19%).
+These are predictions from the model; measure with ``bench_train.py --interconnect none,10gbe,pcie`` on an idle
+machine (on a loaded one every compute span stretches and the fixed delays weigh less)."""
+
+
+def link_preset(name: str) -> LinkModel | None:
+    """The link named ``name`` (a key of :data:`PRESETS`), or None for ``"none"``."""
+    if name == "none":
+        return None
+    if name not in PRESETS:
+        raise ValueError(f"unknown interconnect {name!r}; choose one of none, {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+class ArrivalBoard(Protocol):
+    """Where the workers of a run post when their message of a step arrives, and read when the last one does."""
+
+    def post(self, step: int, worker: int, arrival_s: float) -> None:
+        """Worker ``worker``'s message of ``step`` arrives everywhere at ``arrival_s``."""
+
+    def delivery(self, step: int, worker: int) -> float:
+        """The latest arrival of ``step``'s messages; asked by each worker once, after every worker has posted."""
+
+
+class _Arrivals:
+    """The arrivals of one step's messages in one process."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.times: list[float | None] = [None] * num_workers
+        self.readers = 0
+
+
+class LocalBoard:
+    """An :class:`ArrivalBoard` for W workers of one process (thread-safe); a step is forgotten once all W read."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._lock = threading.Lock()
+        self._steps: dict[int, _Arrivals] = {}
+
+    def post(self, step: int, worker: int, arrival_s: float) -> None:
+        with self._lock:
+            self._steps.setdefault(step, _Arrivals(self.num_workers)).times[worker] = arrival_s
+
+    def delivery(self, step: int, worker: int) -> float:
+        with self._lock:
+            arrivals = self._steps[step]
+            if None in arrivals.times:
+                missing = [w for w, t in enumerate(arrivals.times) if t is None]
+                raise RuntimeError(f"step {step}: worker {worker} asked for the delivery before workers {missing} sent")
+            arrivals.readers += 1
+            if arrivals.readers == self.num_workers:
+                del self._steps[step]
+            return max(arrivals.times)
+
+
+class StoreBoard:
+    """An :class:`ArrivalBoard` on a torch.distributed key-value store (default: the process group's own).
+
+    Each rank sets ``link/<step>/<rank>``; the last rank to read a step (an atomic counter) deletes its keys. The
+    store is a side channel: it never issues a collective, so the ranks' collectives keep their order.
+    """
+
+    def __init__(self, world_size: int, store: Any = None) -> None:
+        import torch.distributed as dist
+
+        self.world_size = world_size
+        self._store = store if store is not None else dist.distributed_c10d._get_default_store()
+
+    def _key(self, step: int, rank: int) -> str:
+        return f"odin/link/{step}/{rank}"
+
+    def post(self, step: int, worker: int, arrival_s: float) -> None:
+        self._store.set(self._key(step, worker), repr(arrival_s))
+
+    def delivery(self, step: int, worker: int) -> float:
+        keys = [self._key(step, rank) for rank in range(self.world_size)]
+        latest = max(float(value) for value in self._store.multi_get(keys))
+        if self._store.add(f"odin/link/{step}/read", 1) == self.world_size:
+            for key in [*keys, f"odin/link/{step}/read"]:
+                self._store.delete_key(key)
+        return latest
+
+
+class LinkedHandle:
+    """An exchange in flight on a modeled link: done once the real exchange is done and its delivery time passed."""
+
+    def __init__(self, inner: ExchangeHandle, step: int, transport: LinkedTransport) -> None:
+        self.step = step
+        self.inner = inner
+        self._transport = transport
+        self._delivery: float | None = None
+
+    def delivery_s(self) -> float:
+        """When the modeled link delivers this exchange (on the transport's clock); the real exchange must be done."""
+        if self._delivery is None:
+            self._delivery = self._transport.board.delivery(self.step, self._transport.worker)
+        return self._delivery
+
+    def done(self) -> bool:
+        """Never blocks: the real exchange is done and the clock has passed the modeled delivery."""
+        if not self.inner.done():
+            return False
+        return self._transport.clock() >= self.delivery_s()
+
+    def wait(self, timeout: float) -> SparseUpdate:
+        """The merged update, once delivered; raises ``TimeoutError`` if that is more than ``timeout`` away."""
+        clock = self._transport.clock
+        start = clock()
+        merged = self.inner.wait(timeout)
+        remaining = self.delivery_s() - clock()
+        if remaining > 0:
+            left = timeout - (clock() - start)
+            if remaining > left:
+                raise TimeoutError(
+                    f"exchange of step {self.step}: the modeled link ({self._transport.link.name}) delivers in "
+                    f"{remaining:.3g} s, more than the {max(left, 0.0):.3g} s left of the wait"
+                )
+            self._transport.sleep(remaining)
+        return merged
+
+
+class LinkedTransport:
+    """A worker's transport with every message delayed by a :class:`LinkModel` (an emulation; see the module).
+
+    Args:
+        inner: the real transport (this worker's end).
+        link: the modeled link.
+        board: where the workers of the run post their messages' arrivals (shared by all of them).
+        worker: this worker's id on the board (its rank in a distributed run).
+        clock: seconds, the same clock for every worker.
+        sleep: how ``wait`` sleeps (tests pass one that advances a fake clock).
+    """
+
+    def __init__(
+        self,
+        inner: Transport,
+        link: LinkModel,
+        board: ArrivalBoard,
+        worker: int,
+        clock: Clock = time.time,
+        sleep: Sleep = time.sleep,
+    ) -> None:
+        self.inner = inner
+        self.link = link
+        self.board = board
+        self.worker = worker
+        self.clock = clock
+        self.sleep = sleep
+
+    def start_exchange(self, step: int, local_update: SparseUpdate) -> LinkedHandle:
+        """Post the message's arrival (now + its modeled delay), then start the real exchange; never blocks."""
+        self.board.post(step, self.worker, self.clock() + self.link.delay_s(local_update.nbytes))
+        return LinkedHandle(self.inner.start_exchange(step, local_update), step, self)
+
+
+def linked_virtual(
+    transport: VirtualTransport, link: LinkModel, clock: Clock = time.time, sleep: Sleep = time.sleep
+) -> list[LinkedTransport]:
+    """Every virtual worker's end of ``transport`` behind ``link``, sharing one in-process board."""
+    board = LocalBoard(transport.num_workers)
+    return [
+        LinkedTransport(transport.endpoint(worker), link, board, worker, clock, sleep)
+        for worker in range(transport.num_workers)
+    ]
+
+
+def linked_distributed(transport: Transport, link: LinkModel, group: Any = None) -> LinkedTransport:
+    """This rank's torch.distributed transport behind ``link``, arrivals posted on the process group's store."""
+    import torch.distributed as dist
+
+    return LinkedTransport(transport, link, StoreBoard(dist.get_world_size(group)), dist.get_rank(group))

@@ -1,0 +1,161 @@
+"""The modeled link: an exchange is delivered at the latest arrival of its messages (send + latency + bytes /
+bandwidth), on the model's clock, whatever the real transport; the merged update is the real one; nothing waits
+at the start nor in ``done``; the boards forget a step once every worker has read it; over two gloo ranks a handle
+is not done before its modeled delivery and is done after."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from odin_nerfstudio.comm.link import (
+    PRESETS,
+    LinkModel,
+    LocalBoard,
+    StoreBoard,
+    link_preset,
+    linked_distributed,
+    linked_virtual,
+)
+from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
+from odin_nerfstudio.core.sparse import sum_in_order
+from tests.comm.test_transport import assert_same, local_update, template
+
+LINK = LinkModel("test", latency_s=1.0, bandwidth_bytes_per_s=1000.0)
+
+
+class FakeClock:
+    """A clock that moves only when told to (``sleep`` moves it), recording what slept."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_an_exchange_is_delivered_at_its_messages_latest_arrival_on_the_model_clock() -> None:
+    clock = FakeClock()
+    ends = linked_virtual(VirtualTransport(2, template()), LINK, clock, clock.sleep)
+    updates = [local_update(0, w) for w in range(2)]
+    first = ends[0].start_exchange(0, updates[0])
+    clock.now = 2.0
+    second = ends[1].start_exchange(0, updates[1])
+    delivery = max(0.0 + LINK.delay_s(updates[0].nbytes), 2.0 + LINK.delay_s(updates[1].nbytes))
+    assert delivery > 3.0 and clock.slept == [], "starting an exchange never sleeps"
+    clock.now = delivery - 1e-6
+    assert not first.done() and not second.done(), "the real exchange is complete, the modeled link is not"
+    assert clock.slept == [], "done() never sleeps"
+    clock.now = delivery
+    assert first.done() and second.done()
+    expected = sum_in_order(updates, template())
+    assert_same(first.wait(timeout=0.01), expected)
+    assert_same(second.wait(timeout=0.01), expected)
+    assert clock.slept == []
+
+
+def test_wait_sleeps_only_what_remains_of_the_modeled_delay_and_times_out_by_name() -> None:
+    clock = FakeClock()
+    ends = linked_virtual(VirtualTransport(2, template()), LINK, clock, clock.sleep)
+    updates = [local_update(1, w) for w in range(2)]
+    handles = [end.start_exchange(1, update) for end, update in zip(ends, updates, strict=True)]
+    delivery = max(LINK.delay_s(u.nbytes) for u in updates)
+    clock.now = 0.25
+    with pytest.raises(TimeoutError, match="step 1: the modeled link"):
+        handles[0].wait(timeout=0.5)
+    assert clock.slept == []
+    handles[0].wait(timeout=10.0)
+    assert clock.slept == [pytest.approx(delivery - 0.25)] and clock.now == pytest.approx(delivery)
+    handles[1].wait(timeout=10.0)
+    assert len(clock.slept) == 1, "the other worker's handle is delivered at the same time"
+
+
+def test_a_handle_waits_for_the_real_exchange_first() -> None:
+    """A worker that has not sent keeps the exchange undelivered whatever the clock says."""
+    clock = FakeClock()
+    ends = linked_virtual(VirtualTransport(2, template()), LINK, clock, clock.sleep)
+    handle = ends[0].start_exchange(0, local_update(0, 0))
+    clock.now = 1e6
+    assert not handle.done()
+    with pytest.raises(TimeoutError, match=r"workers \[1\]"):
+        handle.wait(timeout=0.01)
+
+
+def test_local_board_forgets_a_step_once_every_worker_read_it() -> None:
+    board = LocalBoard(2)
+    board.post(3, 1, 5.0)
+    board.post(3, 0, 7.0)
+    assert board.delivery(3, 0) == 7.0 and board.delivery(3, 1) == 7.0
+    assert not board._steps
+    board.post(4, 0, 1.0)
+    with pytest.raises(RuntimeError, match=r"workers \[1\]"):
+        board.delivery(4, 0)
+
+
+def test_store_board_reads_every_rank_and_deletes_its_keys() -> None:
+    store = dist.HashStore()
+    boards = [StoreBoard(2, store) for _ in range(2)]
+    boards[0].post(9, 0, 2.5)
+    boards[1].post(9, 1, 4.0)
+    assert [board.delivery(9, rank) for rank, board in enumerate(boards)] == [4.0, 4.0]
+    assert not any(store.check([key]) for key in ("odin/link/9/0", "odin/link/9/1", "odin/link/9/read"))
+
+
+def test_presets_and_none() -> None:
+    assert link_preset("none") is None
+    assert link_preset("10gbe") is PRESETS["10gbe"] and link_preset("pcie") is PRESETS["pcie"]
+    assert PRESETS["pcie"].delay_s(300_000) < PRESETS["10gbe"].delay_s(300_000)
+    with pytest.raises(ValueError, match="choose one of none, 10gbe, pcie"):
+        link_preset("infiniband")
+    with pytest.raises(ValueError, match="bandwidth"):
+        LinkModel("bad", 0.0, 0.0)
+
+
+GLOO_LINK = LinkModel("gloo test", latency_s=2.0, bandwidth_bytes_per_s=1e9)
+
+
+def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
+    """One gloo rank: exchange 2 steps behind GLOO_LINK; record, per step, whether the handle was done while the
+    real exchange was complete and the clock before the delivery, and the clock after ``wait``."""
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        end = linked_distributed(DistributedTransport(template(), timeout=30.0), GLOO_LINK)
+        lines = []
+        for step in range(2):
+            handle = end.start_exchange(step, local_update(step, rank))
+            while not handle.inner.done():
+                time.sleep(0.001)
+            early = (end.clock() < handle.delivery_s(), handle.done())
+            merged = handle.wait(timeout=30.0)
+            lines.append(f"{early[0]} {early[1]} {end.clock() >= handle.delivery_s()} {handle.done()}")
+            expected = sum_in_order([local_update(step, w) for w in range(2)], template())
+            assert_same(merged, expected)
+        (Path(out_dir) / f"rank{rank}.txt").write_text("\n".join(lines))
+        dist.barrier()
+    except BaseException:
+        (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def test_two_gloo_ranks_see_a_handle_undone_before_its_modeled_delivery_and_done_after(tmp_path: Path) -> None:
+    mp.spawn(_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    for rank in range(2):
+        for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines():
+            before, done_before, after, done_after = line.split()
+            assert before == "True", "2 s of modeled latency had not passed when the real exchange completed"
+            assert done_before == "False" and after == "True" and done_after == "True"

@@ -1,0 +1,179 @@
+"""Timeline metrics on hand-built timelines: spans, compute, idle, exposed wait (overlaps with compute and between
+virtual workers' waits counted once), views and re-runs, conflicts from waits and counters, stale reads, the
+wait-free bound, hidden wait against a barrier run; an incremental meter equals a one-shot one; Chrome traces and
+run folders read back to the same figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from odin_nerfstudio.core.timeline import Event, Timeline
+from odin_nerfstudio.core.timeline_metrics import (
+    RunMetrics,
+    TimelineMeter,
+    events_from_chrome_trace,
+    live_scalars,
+    load_run,
+    rank_metrics,
+)
+
+MS = 1_000_000
+
+
+def span(name: str, start_ms: float, end_ms: float, step: int = 0, worker: int = 0, **args) -> Event:
+    """An event from ``start_ms`` to ``end_ms`` (milliseconds)."""
+    return Event(name, worker, step, round(start_ms * MS), round(end_ms * MS), args)
+
+
+def task(start_ms: float, render_ms: float, backward_ms: float, step: int, view: int, worker: int = 0) -> list[Event]:
+    """A task's render then backward, back to back."""
+    middle = start_ms + render_ms
+    return [
+        span("render", start_ms, middle, step, worker, view=view),
+        span("backward", middle, middle + backward_ms, step, worker, view=view),
+    ]
+
+
+def by_end(events: list[Event]) -> list[Event]:
+    """Recording order: each event is recorded when it ends."""
+    return sorted(events, key=lambda e: e.end_ns)
+
+
+def barrier_ranks() -> tuple[list[Event], list[Event]]:
+    """Two ranks, two steps. Rank 0 computes 20 ms per step, rank 1 40 ms; rank 0 waits 20 ms at the barrier."""
+    rank0 = by_end(
+        [
+            *task(0, 10, 10, step=0, view=0),
+            span("comm", 20, 41, step=0),
+            span("publish", 40, 41, step=0, worker=-1),
+            span("wait", 20, 41, step=1, reason="barrier"),
+            *task(41, 10, 10, step=1, view=2),
+        ]
+    )
+    rank1 = by_end(
+        [
+            *task(0, 30, 10, step=0, view=1),
+            span("publish", 40, 41, step=0, worker=-1),
+            *task(41, 30, 10, step=1, view=3),
+        ]
+    )
+    return rank0, rank1
+
+
+def test_spans_compute_idle_and_exposed_wait_of_two_ranks() -> None:
+    rank0, rank1 = barrier_ranks()
+    first, second = rank_metrics(0, rank0), rank_metrics(1, rank1)
+    assert first.span_s == pytest.approx(0.061) and second.span_s == pytest.approx(0.081)
+    assert first.compute_s == pytest.approx(0.041), "render + backward + publish (no counters: bookkeeping)"
+    assert first.idle_share == pytest.approx(1 - 41 / 61)
+    assert first.exposed_wait_s == pytest.approx(0.020), "the wait minus the publication inside it"
+    assert first.waits == {"barrier": 1} and first.conflicts == 0 and first.comm_s == pytest.approx(0.021)
+    assert second.exposed_wait_s == 0 and second.views == 2 and second.reruns == 0
+    run = RunMetrics((first, second))
+    assert run.views == 4 and run.span_s == pytest.approx(0.081)
+    assert run.views_per_s == pytest.approx(4 / 0.081)
+    assert run.wait_free_views_per_s == pytest.approx(4 / 0.081), "rank 1's compute is its whole span"
+    assert run.bound_share == pytest.approx(1.0)
+
+
+def test_hidden_wait_is_the_share_of_the_barrier_exposed_wait_removed() -> None:
+    barrier = RunMetrics(tuple(rank_metrics(r, events) for r, events in enumerate(barrier_ranks())))
+    rank0 = by_end([*task(0, 10, 10, 0, 0), span("wait", 20, 25, 1, reason="raw"), *task(25, 10, 10, 1, 2)])
+    rank1 = by_end([*task(0, 30, 10, 0, 1), *task(40, 30, 10, 1, 3)])
+    odin = RunMetrics((rank_metrics(0, rank0), rank_metrics(1, rank1)))
+    assert odin.hidden_wait(barrier) == pytest.approx(1 - 5 / 20)
+    assert odin.conflict_rate == pytest.approx(1 / 4), "one raw wait among four tasks"
+    assert barrier.hidden_wait(odin) == pytest.approx(1 - 20 / 5)
+    assert odin.hidden_wait(RunMetrics((rank_metrics(1, rank1),))) is None
+
+
+def test_overlapping_waits_of_virtual_workers_count_once_and_exclude_compute() -> None:
+    """Worker 0 waits 10-30 ms, worker 1 renders 15-20 then waits 25-40: the process waited 10-40 except 15-20."""
+    events = by_end(
+        [
+            *task(0, 5, 5, 0, 0, worker=0),
+            span("render", 15, 20, 0, 1, view=1),
+            span("wait", 10, 30, 1, 0, reason="raw"),
+            span("wait", 25, 40, 1, 1, reason="ring"),
+            *task(40, 5, 5, 1, 2, worker=0),
+        ]
+    )
+    metrics = rank_metrics(0, events)
+    assert metrics.exposed_wait_s == pytest.approx(0.025)
+    assert metrics.waits == {"raw": 1, "ring": 1} and metrics.views == 3
+
+
+def test_reruns_conflicts_and_stale_reads_from_counters() -> None:
+    events = by_end(
+        [
+            *task(0, 10, 10, 0, 5),
+            span("wait", 20, 22, 1, reason="raw"),
+            *task(22, 10, 10, 1, 6),
+            *task(42, 10, 10, 1, 6),
+        ]
+    )
+    counters = {
+        "bookkeeping_ns": 4 * MS,
+        "validation_failures": {"stale": 1, "escape": 2},
+        "stale_reads": [{"staleness": 2, "kept": True}, {"staleness": 1, "kept": False}],
+    }
+    metrics = rank_metrics(0, events, counters)
+    assert metrics.views == 2 and metrics.renders == 3 and metrics.reruns == 1
+    assert metrics.bookkeeping_s == pytest.approx(0.004) and metrics.compute_s == pytest.approx(0.064)
+    assert metrics.conflicts == 1 + 2 + 1, "a raw wait, two admitted stale reads, one stale failure (not escapes)"
+    assert (metrics.stale.admitted, metrics.stale.kept, metrics.stale.max_staleness) == (2, 1, 2)
+    run = RunMetrics((metrics,))
+    assert run.fallback_rate == pytest.approx(0.5) and run.conflict_rate == pytest.approx(2.0)
+    scalars = live_scalars(metrics)
+    assert scalars["odin/fallback_rate"] == pytest.approx(0.5) and scalars["odin/stale_reads_kept"] == 1.0
+
+
+def test_incremental_meter_equals_one_shot() -> None:
+    rank0, _ = barrier_ranks()
+    meter = TimelineMeter(0)
+    for end in range(1, len(rank0) + 1):
+        meter.consume(rank0[:end])
+    assert meter.metrics() == rank_metrics(0, rank0)
+
+
+def test_chrome_trace_and_run_folder_read_back_to_the_same_figures(tmp_path: Path) -> None:
+    rank0, rank1 = barrier_ranks()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for rank, events in enumerate((rank0, rank1)):
+        timeline = Timeline()
+        timeline.origin_ns = 3 * MS * rank
+        timeline.events = list(events)
+        timeline.export_chrome_trace(folder / f"odin_timeline_rank{rank}.json")
+        assert events_from_chrome_trace(timeline.chrome_trace()) == events, "each rank's origin is added back"
+    (folder / "odin_counters_rank1.json").write_text(
+        json.dumps({"bookkeeping_ns": 0, "validation_failures": {}, "stale_reads": []})
+    )
+    run, events = load_run(tmp_path)
+    assert [r.rank for r in run.ranks] == [0, 1] and events == [rank0, rank1]
+    assert run.ranks[0] == rank_metrics(0, rank0)
+    assert run.ranks[1].bookkeeping_s == 0 and run.ranks[1].publish_s == pytest.approx(0.001)
+    single, _ = load_run(folder / "odin_timeline_rank0.json")
+    assert single.ranks == (rank_metrics(0, rank0),)
+    with pytest.raises(FileNotFoundError, match="no odin_timeline"):
+        load_run(tmp_path / "run" / "missing")
+
+
+def test_odin_timeline_draws_a_png_of_every_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from odin_nerfstudio.core.timeline_cli import main
+
+    for rank, events in enumerate(barrier_ranks()):
+        timeline = Timeline()
+        timeline.origin_ns = 0
+        timeline.events = list(events)
+        timeline.export_chrome_trace(tmp_path / f"odin_timeline_rank{rank}.json")
+    main([str(tmp_path)])
+    png = tmp_path / "odin_timeline.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "4 views" in printed and "rank 0: idle 33%, exposed wait 33%" in printed and "rank 1" in printed
+    main([str(tmp_path / "odin_timeline_rank0.json"), "--output", str(tmp_path / "zoom.png"), "--end", "0.03"])
+    assert (tmp_path / "zoom.png").stat().st_size > 0
