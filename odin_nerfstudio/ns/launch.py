@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ from nerfstudio.engine.trainer import TrainerConfig
 from nerfstudio.scripts import train as ns_train
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.ns.options import OptionError, check_options
+
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 """How long a rank waits for the others to join the process group."""
@@ -33,7 +36,13 @@ JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 def entrypoint() -> None:
     """Console script: parse ns-train's command line, then train in this process (one rank of torchrun)."""
     tyro.extras.set_accent_color("bright_yellow")
-    main(tyro.cli(AnnotatedBaseConfigUnion, description=__doc__.splitlines()[0]))
+    config = tyro.cli(AnnotatedBaseConfigUnion, description=__doc__.splitlines()[0])
+    try:
+        check_options(config)
+    except OptionError as error:
+        CONSOLE.print(f"[bold red]odin-train: {error}")
+        sys.exit(2)
+    main(config)
 
 
 def main(config: TrainerConfig) -> None:

@@ -85,9 +85,13 @@ class OdinTrainer(Trainer):
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
+        from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
         from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS, build_runtime
 
+        check_options(self.config)
         super().setup(test_mode)
+        schedule = self.pipeline.datamanager.schedule
+        warn_if_step_exceeds_views(schedule.config.num_workers, schedule.config.views_per_worker, schedule.num_views)
         model = self.pipeline.model
         self._bind_optimizers(GAUSSIAN_PARAMS)
         if self.world_size > 1:
