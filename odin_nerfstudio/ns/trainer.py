@@ -36,6 +36,7 @@ from typing import Literal, Type
 import torch
 from nerfstudio.engine.optimizers import OptimizerConfig, Optimizers
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils import comms
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
@@ -85,6 +86,7 @@ class OdinTrainer(Trainer):
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
+        from odin_nerfstudio.ns.checkpoints import restore_strategy_state
         from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
         from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS, build_runtime
 
@@ -112,6 +114,8 @@ class OdinTrainer(Trainer):
             self.config.check_escapes,
             start_step=self._start_step,
         )
+        runtime = self.runtime
+        restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
         self._cameras: dict = {}
         if self.world_size == 1 and self.runtime.config.num_workers > 1:
             CONSOLE.log(f"Odin: {self.runtime.config.num_workers} virtual workers in this process")
@@ -253,9 +257,19 @@ class OdinTrainer(Trainer):
                 super().eval_iteration(step)
 
     def save_checkpoint(self, step: int) -> None:
-        """Settle the runtime on every rank (its steps <= ``step`` published), then nerfstudio's save (rank 0)."""
+        """Settle the runtime on every rank (its steps <= ``step`` published), then save atomically with the
+        strategy state (rank 0; ``checkpoints.py``)."""
+        from odin_nerfstudio.ns.checkpoints import save_trainer_checkpoint
+
         self._settle()
-        super().save_checkpoint(step)
+        if comms.is_main_process():
+            save_trainer_checkpoint(self, step)
+
+    def _load_checkpoint(self) -> None:
+        """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime."""
+        from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint
+
+        self._saved_strategy = load_trainer_checkpoint(self)
 
     def _after_train(self) -> None:
         """Settle, write the timeline, then nerfstudio's end of training (last checkpoint, final table)."""
