@@ -74,6 +74,9 @@ class OdinTrainerConfig(TrainerConfig):
     expect_remote_writes: bool = True
     """Distributed: treat the candidate sets of the other ranks' tasks (known from the schedule, culled here) as
     pending writes of their step, so a read that would miss one waits instead of being re-run after validation."""
+    rank0_work_timeout_s: float = 3600.0
+    """Distributed: how long the other ranks wait at a barrier for rank 0's evaluation or checkpoint (which do not
+    count against --runtime.wait-timeout-s)."""
     follow_overlap_window: bool = True
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
@@ -255,6 +258,7 @@ class OdinTrainer(Trainer):
             self._settle()
             if self.pipeline.datamanager.rank == 0:
                 super().eval_iteration(step)
+            self._after_rank0_work("evaluation", step)
 
     def save_checkpoint(self, step: int) -> None:
         """Settle the runtime on every rank (its steps <= ``step`` published), then save atomically with the
@@ -264,6 +268,14 @@ class OdinTrainer(Trainer):
         self._settle()
         if comms.is_main_process():
             save_trainer_checkpoint(self, step)
+        self._after_rank0_work("checkpoint", step)
+
+    def _after_rank0_work(self, what: str, step: int) -> None:
+        """Distributed: every rank waits for rank 0's ``what`` of ``step`` at a barrier of its own timeout."""
+        from odin_nerfstudio.ns.rank0_work import wait_for_rank0
+
+        if self.world_size > 1:
+            wait_for_rank0(what, step, self.config.rank0_work_timeout_s)
 
     def _load_checkpoint(self) -> None:
         """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime."""
