@@ -16,7 +16,8 @@ nerfstudio's trainer (viewer, writers, evaluation, checkpoints, resume) and repl
 
 In a distributed run (`odin-train` under torchrun, or `ns-train --machine.num-devices N` on CUDA) each process is one
 worker with its own replica: rank 0's initial Gaussians are broadcast, the pipeline never wraps the model in DDP
-(`OdinPipeline`), only rank 0 evaluates and saves, and a checksum every `replica_check_every` steps and at the end
+(`OdinPipeline`), only rank 0 evaluates and saves (the others wait for it at a barrier with its own timeout,
+`rank0_work.py`, not against the wait timeout), and a checksum every `replica_check_every` steps and at the end
 checks that the replicas are still bit-identical.
 
 Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count and the runtime's counters
