@@ -3,12 +3,17 @@
 Each event is a span on one worker's track with the step, the view and, for waits, the primitives waited on. The
 export is the Trace Event Format's JSON object (complete events, ``"ph": "X"``, microseconds), which Perfetto
 and chrome://tracing open directly.
+
+Memory stays flat over long runs: the timeline keeps the most recent ``max_events`` events (a 30k-iteration run
+records millions), while the summed duration per event name covers every event ever recorded; the export says how
+many older events were dropped.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +40,19 @@ class Event:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-class Timeline:
-    """Recorded events, in the order they ended."""
+MAX_EVENTS = 200_000
+"""Events a timeline keeps by default (about 60 MB; the last few thousand steps of a run)."""
 
-    def __init__(self) -> None:
-        self.events: list[Event] = []
+
+class Timeline:
+    """The most recent ``max_events`` recorded events, in the order they ended, and totals over all of them."""
+
+    def __init__(self, max_events: int = MAX_EVENTS) -> None:
+        if max_events < 1:
+            raise ValueError(f"a timeline keeps at least one event, got max_events = {max_events}")
+        self.events: deque[Event] = deque(maxlen=max_events)
+        self.recorded = 0
+        self._total_ns: dict[str, int] = defaultdict(int)
         self.origin_ns = time.perf_counter_ns()
 
     @staticmethod
@@ -51,15 +64,23 @@ class Timeline:
         """Record a span that started at ``start_ns`` and ends now; returns it."""
         event = Event(name, worker, step, start_ns, self.now(), dict(args or {}))
         self.events.append(event)
+        self.recorded += 1
+        self._total_ns[name] += event.end_ns - event.start_ns
         return event
 
+    @property
+    def dropped(self) -> int:
+        """Events recorded but no longer kept (the oldest)."""
+        return self.recorded - len(self.events)
+
     def total_ns(self, name: str) -> int:
-        """Summed duration of the events called ``name``."""
-        return sum(e.end_ns - e.start_ns for e in self.events if e.name == name)
+        """Summed duration of every event called ``name`` ever recorded, dropped ones included."""
+        return self._total_ns.get(name, 0)
 
     def chrome_trace(self) -> dict[str, Any]:
-        """The events in Chrome's Trace Event Format (one track per worker, runtime events on track -1), their times
-        from ``origin_ns``, which ``otherData`` keeps (processes of one host share the clock, so their traces align)."""
+        """The kept events in Chrome's Trace Event Format (one track per worker, runtime events on track -1), their
+        times from ``origin_ns``, which ``otherData`` keeps (processes of one host share the clock, so their traces
+        align) with the count of dropped older events."""
         trace = [
             {
                 "name": e.name,
@@ -73,7 +94,8 @@ class Timeline:
             }
             for e in self.events
         ]
-        return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"origin_ns": self.origin_ns}}
+        other = {"origin_ns": self.origin_ns, "dropped_events": self.dropped}
+        return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": other}
 
     def export_chrome_trace(self, path: str | Path) -> Path:
         """Write :meth:`chrome_trace` as JSON to ``path``."""

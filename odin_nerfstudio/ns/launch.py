@@ -14,6 +14,11 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import signal
+import socket
+import sys
+import traceback
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -25,6 +30,9 @@ from nerfstudio.engine.trainer import TrainerConfig
 from nerfstudio.scripts import train as ns_train
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.comm.liveness import SILENCE_S, Heartbeat
+from odin_nerfstudio.ns.options import OptionError, check_options
+from odin_nerfstudio.ns.signals import exit_on_sigterm
 from odin_nerfstudio.ns.trainer import require_cuda_if_asked
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -35,12 +43,19 @@ JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 def entrypoint() -> None:
     """Console script: parse ns-train's command line, then train in this process (one rank of torchrun)."""
     tyro.extras.set_accent_color("bright_yellow")
-    main(tyro.cli(AnnotatedBaseConfigUnion, description=__doc__.splitlines()[0]))
+    config = tyro.cli(AnnotatedBaseConfigUnion, description=__doc__.splitlines()[0])
+    try:
+        check_options(config)
+    except OptionError as error:
+        CONSOLE.print(f"[bold red]odin-train: {error}")
+        sys.exit(2)
+    main(config)
 
 
 def main(config: TrainerConfig) -> None:
     """Train ``config`` as the rank torchrun's environment names, or as ns-train when there is none."""
     if "WORLD_SIZE" not in os.environ:
+        exit_on_sigterm("odin-train")
         ns_train.main(config)
         return
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
@@ -52,11 +67,14 @@ def main(config: TrainerConfig) -> None:
     if cuda:
         torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=JOIN_TIMEOUT)
+    exit_on_sigterm(f"odin-train rank {rank}")
+    heartbeat = Heartbeat(rank, world_size)
     try:
         config = _resolved(config)
         stamp = [config.timestamp]
         dist.broadcast_object_list(stamp, src=0)
         config.timestamp = stamp[0]
+        config.get_base_dir().mkdir(parents=True, exist_ok=True)  # each node's own, without a shared file system
         if rank == 0:
             config.print_to_terminal()
             config.save_config()
@@ -65,8 +83,31 @@ def main(config: TrainerConfig) -> None:
         trainer = config.setup(local_rank=local_rank, world_size=world_size)
         trainer.setup()
         trainer.train()
-    finally:
-        dist.destroy_process_group()
+    except BaseException as error:
+        _end_job(error, rank, heartbeat)
+    dist.destroy_process_group()
+
+
+def _end_job(error: BaseException, rank: int, heartbeat: Heartbeat) -> NoReturn:
+    """Report ``error`` in one line naming the ranks that stopped answering, and end this rank at once.
+
+    Why not ``destroy_process_group``: after a failed collective, gloo's destructor blocks until the process group's
+    own timeout (minutes) while the other ranks wait. Ranks found silent on this host (stopped or hung) are killed,
+    as torchrun would do 30 s later, so that the whole job ends within the wait timeout plus seconds; torchrun then
+    stops the remaining ranks (SIGTERM, one line each).
+    """
+    traceback.print_exception(error)
+    silent = heartbeat.silent() if isinstance(error, TimeoutError) else []
+    line = f"odin-train: rank {rank} failed: {type(error).__name__}: {error}"
+    if silent:
+        line += f"; {', '.join(map(str, silent))} stopped answering (no heartbeat for {SILENCE_S:g} s)"
+        for other in silent:
+            if other.host == socket.gethostname():
+                os.kill(other.pid, signal.SIGKILL)
+                line += f"; killed {other}"
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _resolved(config: TrainerConfig) -> TrainerConfig:

@@ -98,9 +98,13 @@ class SplatTaskRenderer:
         return loss, info
 
     def pop_losses(self, step: int) -> list[Tensor]:
-        """The losses of ``step``'s tasks rendered here (a re-run's replaces its first render), in task order."""
+        """The losses of ``step``'s tasks rendered here (a re-run's replaces its first render), in task order; those
+        of earlier steps (late re-runs, after their step was logged) are dropped, so the dict stays bounded."""
         keys = sorted(key for key in self.losses if key[0] == step)
-        return [self.losses.pop(key) for key in keys]
+        losses = [self.losses.pop(key) for key in keys]
+        for key in [key for key in self.losses if key[0] < step]:
+            del self.losses[key]
+        return losses
 
     def render_camera(self, task: Task) -> Camera:
         """The camera `task` renders with: its camera at the downscale of the resolution schedule at its step

@@ -16,7 +16,8 @@ nerfstudio's trainer (viewer, writers, evaluation, checkpoints, resume) and repl
 
 In a distributed run (`odin-train` under torchrun, or `ns-train --machine.num-devices N` on CUDA) each process is one
 worker with its own replica: rank 0's initial Gaussians are broadcast, the pipeline never wraps the model in DDP
-(`OdinPipeline`), only rank 0 evaluates and saves, and a checksum every `replica_check_every` steps and at the end
+(`OdinPipeline`), only rank 0 evaluates and saves (the others wait for it at a barrier with its own timeout,
+`rank0_work.py`, not against the wait timeout), and a checksum every `replica_check_every` steps and at the end
 checks that the replicas are still bit-identical.
 
 Logged every `steps_per_log`: the mean loss of the step's tasks, the Gaussian count, the runtime's counters
@@ -38,7 +39,7 @@ from typing import Literal, Type
 import torch
 from nerfstudio.engine.optimizers import OptimizerConfig, Optimizers
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
-from nerfstudio.utils.comms import is_main_process
+from nerfstudio.utils import comms
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
@@ -78,6 +79,9 @@ class OdinTrainerConfig(TrainerConfig):
     expect_remote_writes: bool = True
     """Distributed: treat the candidate sets of the other ranks' tasks (known from the schedule, culled here) as
     pending writes of their step, so a read that would miss one waits instead of being re-run after validation."""
+    rank0_work_timeout_s: float = 3600.0
+    """Distributed: how long the other ranks wait at a barrier for rank 0's evaluation or checkpoint (which do not
+    count against --runtime.wait-timeout-s)."""
     follow_overlap_window: bool = True
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
     low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
@@ -109,9 +113,14 @@ class OdinTrainer(Trainer):
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
+        from odin_nerfstudio.ns.checkpoints import restore_strategy_state
+        from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
         from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS, build_runtime
 
+        check_options(self.config)
         super().setup(test_mode)
+        schedule = self.pipeline.datamanager.schedule
+        warn_if_step_exceeds_views(schedule.config.num_workers, schedule.config.views_per_worker, schedule.num_views)
         model = self.pipeline.model
         self._bind_optimizers(GAUSSIAN_PARAMS)
         if self.world_size > 1:
@@ -132,6 +141,8 @@ class OdinTrainer(Trainer):
             self.config.check_escapes,
             start_step=self._start_step,
         )
+        runtime = self.runtime
+        restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
         self._cameras: dict = {}
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.world_size == 1 and self.runtime.config.num_workers > 1:
@@ -284,11 +295,30 @@ class OdinTrainer(Trainer):
             self._settle()
             if self.pipeline.datamanager.rank == 0:
                 super().eval_iteration(step)
+            self._after_rank0_work("evaluation", step)
 
     def save_checkpoint(self, step: int) -> None:
-        """Settle the runtime on every rank (its steps <= ``step`` published), then nerfstudio's save (rank 0)."""
+        """Settle the runtime on every rank (its steps <= ``step`` published), then save atomically with the
+        strategy state (rank 0; ``checkpoints.py``)."""
+        from odin_nerfstudio.ns.checkpoints import save_trainer_checkpoint
+
         self._settle()
-        super().save_checkpoint(step)
+        if comms.is_main_process():
+            save_trainer_checkpoint(self, step)
+        self._after_rank0_work("checkpoint", step)
+
+    def _after_rank0_work(self, what: str, step: int) -> None:
+        """Distributed: every rank waits for rank 0's ``what`` of ``step`` at a barrier of its own timeout."""
+        from odin_nerfstudio.ns.rank0_work import wait_for_rank0
+
+        if self.world_size > 1:
+            wait_for_rank0(what, step, self.config.rank0_work_timeout_s)
+
+    def _load_checkpoint(self) -> None:
+        """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime."""
+        from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint
+
+        self._saved_strategy = load_trainer_checkpoint(self)
 
     def _after_train(self) -> None:
         """Settle, write the timeline, then nerfstudio's end of training (last checkpoint; the banner from rank 0)."""
@@ -303,7 +333,7 @@ class OdinTrainer(Trainer):
         metrics = self._odin_metrics()
         CONSOLE.log("Odin: " + ", ".join(f"{name} {value:g}" for name, value in metrics.items()))
         quiet = CONSOLE.quiet
-        CONSOLE.quiet = quiet or not is_main_process()  # rank 0's "Training Finished" banner speaks for the job
+        CONSOLE.quiet = quiet or not comms.is_main_process()  # rank 0's "Training Finished" banner speaks for the job
         try:
             super()._after_train()
         finally:

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Callable, Literal, Optional
 
 import numpy as np
-import pycolmap
 import torch
 import tyro
 from numpy.random import Generator
@@ -38,6 +37,9 @@ from PIL import Image
 from torch import Tensor
 
 from odin_nerfstudio.rendering.rasterize import rasterization
+from odin_nerfstudio.scheduling.colmap_model import import_pycolmap
+
+pycolmap = import_pycolmap()
 
 PresetName = Literal["object", "street"]
 

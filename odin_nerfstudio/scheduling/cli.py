@@ -26,7 +26,7 @@ import tyro
 
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, describe
-from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
+from odin_nerfstudio.scheduling.tracks import load_reconstruction, read_colmap_tracks
 
 
 @dataclass
@@ -151,9 +151,7 @@ def check_step_fits(schedule: Schedule) -> None:
 
 def camera_centres(sparse_dir: Path, names: Sequence[str]) -> np.ndarray:
     """World-space camera centres of the named images of a COLMAP model, [V, 3]; NaN rows for unposed images."""
-    import pycolmap
-
-    by_name = {image.name: image for image in pycolmap.Reconstruction(str(sparse_dir)).images.values()}
+    by_name = {image.name: image for image in load_reconstruction(sparse_dir).images.values()}
     centres = np.full((len(names), 3), np.nan)
     for row, name in enumerate(names):
         image = by_name[name]

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pycolmap
+
+from odin_nerfstudio.scheduling.colmap_model import import_pycolmap, validate_binary_model
+
+pycolmap = import_pycolmap()
 
 MODEL_FILES = ("cameras", "images", "points3D")
 
@@ -74,10 +77,11 @@ def read_colmap_tracks(sparse_dir: Path) -> SfMTracks:
 
     Raises:
         FileNotFoundError: the folder does not exist or holds no COLMAP model files.
-        ValueError: pycolmap cannot parse the model, or the model has no 3D points.
+        ValueError: a binary model file is truncated or corrupt (the message names it), pycolmap cannot parse
+            the model, or the model has no 3D points.
     """
     sparse_dir = Path(sparse_dir)
-    reconstruction = _load_reconstruction(sparse_dir)
+    reconstruction = load_reconstruction(sparse_dir)
     if reconstruction.num_points3D() == 0:
         raise ValueError(
             f"the COLMAP model in {sparse_dir} has no 3D points, so it has no SfM tracks; "
@@ -96,8 +100,9 @@ def read_colmap_tracks(sparse_dir: Path) -> SfMTracks:
     )
 
 
-def _load_reconstruction(sparse_dir: Path) -> pycolmap.Reconstruction:
-    """pycolmap reconstruction of ``sparse_dir`` with errors that say what is wrong and how to fix it."""
+def load_reconstruction(sparse_dir: Path) -> pycolmap.Reconstruction:
+    """pycolmap reconstruction of ``sparse_dir``, its binary files validated first (pycolmap's readers allocate
+    by the counts they read), with errors that say what is wrong and how to fix it."""
     if not sparse_dir.is_dir():
         raise FileNotFoundError(
             f"COLMAP model folder {sparse_dir} does not exist; pass the folder holding cameras/images/points3D "
@@ -110,6 +115,7 @@ def _load_reconstruction(sparse_dir: Path) -> pycolmap.Reconstruction:
             f"{sparse_dir} is not a COLMAP model: missing {', '.join(missing)}; "
             "pass the folder COLMAP's mapper wrote, usually <scene>/sparse/0."
         )
+    validate_binary_model(sparse_dir)
     try:
         return pycolmap.Reconstruction(str(sparse_dir))
     except ValueError as error:

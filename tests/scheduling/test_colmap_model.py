@@ -1,0 +1,71 @@
+"""Binary COLMAP files are validated before pycolmap reads them: truncated or padded files are refused at once,
+naming the file and the record, with bounded memory, in every entry point (tracks, odin-schedule)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from odin_nerfstudio.scheduling.colmap_model import validate_binary_model
+from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
+
+BIN = Path(sys.executable).parent
+MAX_RSS_KB = 1_000_000
+"""A refused model must not grow the process past this (pycolmap's reader took 8.6 GB on a truncated file)."""
+
+
+def truncated_model(scene: Path, target: Path, stem: str, keep: float) -> Path:
+    """A copy of ``scene``'s sparse/0 whose ``<stem>.bin`` keeps the first ``keep`` fraction of its bytes."""
+    shutil.copytree(scene / "sparse" / "0", target)
+    path = target / f"{stem}.bin"
+    data = path.read_bytes()
+    path.chmod(0o644)
+    path.write_bytes(data[: int(len(data) * keep)])
+    assert path.stat().st_size < len(data), "the file was truncated"
+    return target
+
+
+def test_real_models_validate(any_real_scene: Path) -> None:
+    validate_binary_model(any_real_scene / "sparse" / "0")
+
+
+@pytest.mark.parametrize("stem", ["cameras", "images", "points3D"])
+@pytest.mark.parametrize("keep", [0.05, 0.5, 0.999])
+def test_a_truncated_file_is_refused_naming_it(fern: Path, tmp_path: Path, stem: str, keep: float) -> None:
+    sparse = truncated_model(fern, tmp_path / "sparse", stem, keep)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=rf"{stem}\.bin .*is corrupt: .*(bytes|NUL)") as error:
+        read_colmap_tracks(sparse)
+    assert time.monotonic() - start < 5.0
+    assert "truncated" in str(error.value)
+
+
+def test_bytes_after_the_last_record_are_refused(fern: Path, tmp_path: Path) -> None:
+    sparse = tmp_path / "sparse"
+    shutil.copytree(fern / "sparse" / "0", sparse)
+    path = sparse / "points3D.bin"
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes() + b"\0" * 7)
+    with pytest.raises(ValueError, match=r"points3D\.bin .*7 bytes follow its \d+ 3D points"):
+        read_colmap_tracks(sparse)
+
+
+def test_odin_schedule_refuses_a_truncated_points3d_quickly_with_bounded_memory(fern: Path, tmp_path: Path) -> None:
+    scene = tmp_path / "scene"
+    truncated_model(fern, scene / "sparse" / "0", "points3D", 0.6)
+    command = [str(BIN / "odin-schedule"), "--data", str(scene)]
+    start = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.monotonic() - start
+    assert os.waitstatus_to_exitcode(status) != 0, output
+    assert "points3D.bin" in output and "corrupt" in output, output
+    assert usage.ru_maxrss < MAX_RSS_KB, f"odin-schedule grew to {usage.ru_maxrss} kB"
+    assert elapsed < 5.0, f"odin-schedule took {elapsed:.1f} s to refuse the model"
