@@ -16,9 +16,9 @@
 #include <cstdint>
 
 #ifdef __CUDACC__
-#define ODIN_ADAM_HD __host__ __device__ __forceinline__
+#define ODIN_ADAM_INLINE __device__ __forceinline__
 #else
-#define ODIN_ADAM_HD inline
+#define ODIN_ADAM_INLINE inline
 #endif
 
 namespace odin {
@@ -27,13 +27,13 @@ struct AdamConstants {
   float one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
 };
 
-ODIN_ADAM_HD AdamConstants adam_constants(const double* hyper) {
+inline AdamConstants adam_constants(const double* hyper) {
   return {static_cast<float>(hyper[0]), static_cast<float>(hyper[1]), static_cast<float>(hyper[2]),
           static_cast<float>(hyper[3]), static_cast<float>(hyper[4]), static_cast<float>(hyper[5])};
 }
 
 // The first moment after torch's lerp_ (its vectorized form: one fused multiply-add).
-ODIN_ADAM_HD float adam_first_moment(float m, float g, const AdamConstants& c) {
+ODIN_ADAM_INLINE float adam_first_moment(float m, float g, const AdamConstants& c) {
   const bool small = fabsf(c.one_minus_beta1) < 0.5f;
 #ifdef __CUDACC__
   // torch's CUDA lerp: self + w (end - self), or end - (end - self)(1 - w), contracted into one FMA by nvcc.
@@ -45,7 +45,7 @@ ODIN_ADAM_HD float adam_first_moment(float m, float g, const AdamConstants& c) {
 }
 
 // The second moment after mul_(beta2).addcmul_(g, g, value=1 - beta2).
-ODIN_ADAM_HD float adam_second_moment(float v, float g, const AdamConstants& c) {
+ODIN_ADAM_INLINE float adam_second_moment(float v, float g, const AdamConstants& c) {
 #ifdef __CUDACC__
   return __fmaf_rn(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(v, c.beta2));
 #else
@@ -54,7 +54,7 @@ ODIN_ADAM_HD float adam_second_moment(float v, float g, const AdamConstants& c) 
 }
 
 // The parameter after addcdiv_ with denominator root / sqrt(bc2) + eps, root = sqrt of the new second moment.
-ODIN_ADAM_HD float adam_param(float p, float m, float root, const AdamConstants& c) {
+ODIN_ADAM_INLINE float adam_param(float p, float m, float root, const AdamConstants& c) {
 #ifdef __CUDACC__
   const float denom = __fadd_rn(__fmul_rn(root, __frcp_rn(c.bias_correction2_sqrt)), c.eps);
   return __fmaf_rn(c.neg_step_size, __fdiv_rn(m, denom), p);

@@ -10,12 +10,12 @@
 #include <cstdint>
 
 #ifdef __CUDACC__
-#define ODIN_HD __host__ __device__ __forceinline__
+#define ODIN_INLINE __device__ __forceinline__
 #define ODIN_MUL(a, b) __fmul_rn((a), (b))
 #define ODIN_ADD(a, b) __fadd_rn((a), (b))
 #define ODIN_SUB(a, b) __fsub_rn((a), (b))
 #else
-#define ODIN_HD inline
+#define ODIN_INLINE inline
 #define ODIN_MUL(a, b) ((a) * (b))
 #define ODIN_ADD(a, b) ((a) + (b))
 #define ODIN_SUB(a, b) ((a) - (b))
@@ -40,7 +40,7 @@ inline CullConstants cull_constants(const double* v) {
 }
 
 // Whether a sphere (centre, 3-sigma radius before radius_scale) meets the region; false for NaN (padding lanes).
-ODIN_HD bool sphere_meets(float cx, float cy, float cz, float r, const CullConstants& g) {
+ODIN_INLINE bool sphere_meets(float cx, float cy, float cz, float r, const CullConstants& g) {
   const float x = ODIN_ADD(ODIN_ADD(ODIN_ADD(ODIN_MUL(cx, g.r[0]), ODIN_MUL(cy, g.r[1])), ODIN_MUL(cz, g.r[2])), g.t[0]);
   const float y = ODIN_ADD(ODIN_ADD(ODIN_ADD(ODIN_MUL(cx, g.r[3]), ODIN_MUL(cy, g.r[4])), ODIN_MUL(cz, g.r[5])), g.t[1]);
   const float z = ODIN_ADD(ODIN_ADD(ODIN_ADD(ODIN_MUL(cx, g.r[6]), ODIN_MUL(cy, g.r[7])), ODIN_MUL(cz, g.r[8])), g.t[2]);
@@ -55,7 +55,7 @@ ODIN_HD bool sphere_meets(float cx, float cy, float cz, float r, const CullConst
 
 // Whether block b's bounds (float64 [8, blocks], column b) may meet the region: the [5, 8] coefficients times the
 // column, skipped only when no plane value is NaN and one is negative (as `~(amin(C @ bounds) < 0)`).
-ODIN_HD bool block_may_meet(const double* coefficients, const double* bounds, int64_t blocks, int64_t b) {
+ODIN_INLINE bool block_may_meet(const double* coefficients, const double* bounds, int64_t blocks, int64_t b) {
   bool skip = false;
   for (int i = 0; i < 5; ++i) {
     double value = 0.0;

@@ -51,8 +51,8 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
                               const at::Tensor& write_steps, int64_t reader_step);
 GatherResult gather_rows_cpu(at::TensorList params, const at::Tensor& rows, const at::Tensor& seq, bool check_locks);
 ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads);
-int64_t publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList grads, const at::Tensor& rows, const at::Tensor& seq, const at::Tensor& hyper,
-                         const at::Tensor& priority, bool use_locks);
+at::Tensor publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                            at::TensorList grads, const at::Tensor& rows, const at::Tensor& seq,
+                            const at::Tensor& hyper, const at::Tensor& priority, bool use_locks);
 
 }  // namespace odin

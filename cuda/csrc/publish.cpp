@@ -12,6 +12,7 @@
 // of one model run one at a time (step order); the locks order them against readers.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/sqrt.h>
 #include <torch/library.h>
 
@@ -24,9 +25,9 @@
 
 namespace odin {
 
-int64_t publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList grads, const at::Tensor& rows, const at::Tensor& seq, const at::Tensor& hyper,
-                         const at::Tensor& priority, bool use_locks) {
+at::Tensor publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                            at::TensorList grads, const at::Tensor& rows, const at::Tensor& seq,
+                            const at::Tensor& hyper, const at::Tensor& priority, bool use_locks) {
   const int64_t count = static_cast<int64_t>(params.size());
   TORCH_CHECK(static_cast<int64_t>(exp_avgs.size()) == count && static_cast<int64_t>(exp_avg_sqs.size()) == count &&
                   static_cast<int64_t>(grads.size()) == count,
@@ -123,7 +124,7 @@ int64_t publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::Ten
       }
     });
   }
-  return contention.load();
+  return at::full({1}, contention.load(), rows.options());
 }
 
 }  // namespace odin

@@ -65,5 +65,5 @@ TORCH_LIBRARY(odin, m) {
   // Selective Adam on rows fused with the version bump, each row locked while written; priority rows first.
   m.def(
       "publish_adam(Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, Tensor[] grads, "
-      "Tensor rows, Tensor(d!) seq, Tensor hyper, Tensor priority, bool use_locks) -> int");
+      "Tensor rows, Tensor(d!) seq, Tensor hyper, Tensor priority, bool use_locks) -> Tensor contention");
 }

@@ -16,6 +16,7 @@ Loading registers the ops with the dispatcher; :func:`load` returns the flavour 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -45,9 +46,14 @@ def sources(flavour: str) -> list[Path]:
 
 
 def library_name(flavour: str) -> str:
-    """The extension's name: flavour, torch and Python versions (a cache shared by two venvs never mixes them)."""
+    """The extension's name: flavour, torch and Python versions, and a digest of every file in ``cuda/csrc``
+    (torch's JIT only hashes the listed sources, so an edited header alone would reuse a stale build)."""
     torch_version = torch.__version__.split("+")[0].replace(".", "_")
-    return f"odin_kernels_{flavour}_t{torch_version}_py{sys.version_info.major}{sys.version_info.minor}"
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    python = f"{sys.version_info.major}{sys.version_info.minor}"
+    return f"odin_kernels_{flavour}_t{torch_version}_py{python}_{digest.hexdigest()[:10]}"
 
 
 def wanted_flavour() -> str:

@@ -83,7 +83,7 @@ def publish_adam(
     seq: Tensor,
     priority: Tensor | None = None,
     use_locks: bool = True,
-) -> int:
+) -> Tensor:
     """Selective Adam on ``rows`` of every parameter (``step_rows``), then each row's version advanced.
 
     Args:
@@ -95,10 +95,10 @@ def publish_adam(
         use_locks: ignored (one thread runs the reference).
 
     Returns:
-        Lock contention: 0 (no other thread).
+        Lock contention, int64 [1]: 0 (no other thread).
     """
     del priority, use_locks
     for name, optimizer in optimizers.items():
         optimizer.step_rows(rows, [grads[name]])
     seq.index_add_(0, rows, torch.full_like(rows, 2))
-    return 0
+    return torch.zeros(1, dtype=torch.int64, device=rows.device)

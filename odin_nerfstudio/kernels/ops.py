@@ -203,7 +203,7 @@ def publish_adam(
     seq: Tensor,
     priority: Tensor | None = None,
     use_locks: bool = True,
-) -> int:
+) -> Tensor:
     """Selective Adam on ``rows`` of every parameter fused with the version bump, each row locked while written.
 
     Args:
@@ -216,7 +216,8 @@ def publish_adam(
         use_locks: False writes without taking the row locks (a debug switch for the stress test).
 
     Returns:
-        Lock contention: failed try-acquires (another publisher held the row), 0 on the reference.
+        Lock contention, int64 [1] on ``rows``' device: failed try-acquires (another publisher held the row); 0 on
+        the reference. A tensor, so that a CUDA publication never waits for the host to read it.
     """
     states = [optimizer.state[optimizer.param_groups[0]["params"][0]] for optimizer in optimizers.values()]
     params = [optimizer.param_groups[0]["params"][0] for optimizer in optimizers.values()]
