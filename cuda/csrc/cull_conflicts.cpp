@@ -31,7 +31,7 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
 
   // Blocks that may meet the region, then per kept block a 64-lane mask of the rows that do.
   std::vector<uint8_t> may_meet(blocks);
-  at::parallel_for(0, blocks, 1024, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks, row_grain(kPlanes * kBoundRows), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) may_meet[b] = block_may_meet(coefficients, bounds, blocks, b);
   });
   std::vector<int64_t> kept;
@@ -41,7 +41,7 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
   const int64_t num_kept = static_cast<int64_t>(kept.size());
   std::vector<uint64_t> lanes(num_kept);
   std::vector<int64_t> counts(num_kept + 1, 0);
-  at::parallel_for(0, num_kept, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, num_kept, row_grain(4 * kBlockRows), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const float* s = spheres + kept[k] * 4 * kBlockRows;
       uint64_t mask = 0;
@@ -56,7 +56,7 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
   for (int64_t k = 0; k < num_kept; ++k) counts[k + 1] += counts[k];
   at::Tensor candidate = at::empty({counts[num_kept]}, block_rows.options());
   int64_t* out = candidate.data_ptr<int64_t>();
-  at::parallel_for(0, num_kept, 64, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, num_kept, row_grain(kBlockRows), [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       int64_t at = counts[k];
       for (int64_t lane = 0; lane < kBlockRows; ++lane) {
@@ -73,7 +73,7 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
   const int64_t* offsets = write_offsets.data_ptr<int64_t>();
   const int64_t* written = write_rows.data_ptr<int64_t>();
   std::vector<int64_t> last(m, kNoStep), first(m, kNoStep);
-  at::parallel_for(0, m, 2048, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, m, row_grain(std::max<int64_t>(1, sets) * 16), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       for (int64_t s = 0; s < sets; ++s) {
         if (steps[s] >= reader_step || !std::binary_search(written + offsets[s], written + offsets[s + 1], out[i])) {

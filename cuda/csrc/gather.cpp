@@ -44,7 +44,9 @@ GatherResult gather_rows_cpu(at::TensorList params, const at::Tensor& rows, cons
   bool* is_locked = locked.data_ptr<bool>();
   int64_t* words = seq.data_ptr<int64_t>();
 
-  at::parallel_for(0, m, 256, [&](int64_t begin, int64_t end) {
+  int64_t total_width = 0;
+  for (int64_t w : width) total_width += w;
+  at::parallel_for(0, m, row_grain(total_width), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t r = row[i];
       TORCH_CHECK(r >= 0 && r < n, "gather_rows: row ", r, " out of range [0, ", n, ")");

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -32,6 +33,10 @@ constexpr int64_t kNoStep = -1;
 using CullResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using GatherResult = std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor>;
 using ScatterResult = std::tuple<at::Tensor, std::vector<at::Tensor>>;
+
+// Rows per at::parallel_for chunk for rows of `width` floats: at least at::internal::GRAIN_SIZE elements, as torch's
+// own kernels chunk, so small calls run inline instead of waking the thread pool (costly on a busy machine).
+inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
 
 // Column count of a contiguous per-row tensor [N, ...]: the product of its trailing sizes (valid for N == 0).
 inline int64_t row_width(const at::Tensor& t) {

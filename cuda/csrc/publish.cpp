@@ -64,7 +64,7 @@ at::Tensor publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::
     // Pass 1: the moments in place, and a copy of the new second moments [M, w] to take the roots of.
     at::Tensor root = at::empty({m, w}, params[k].options());
     float* out = root.data_ptr<float>();
-    at::parallel_for(0, m, 256, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, m, row_grain(w), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         float* mm = first + row[i] * w;
         float* vv = second + row[i] * w;
@@ -83,6 +83,8 @@ at::Tensor publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::
     width.push_back(w);
     constants.push_back(c);
   }
+  int64_t total_width = 0;
+  for (int64_t w : width) total_width += w;
   const int64_t* first_priority = priority.data_ptr<int64_t>();
   const int64_t* last_priority = first_priority + priority.numel();
   int64_t* words = seq.data_ptr<int64_t>();
@@ -118,7 +120,7 @@ at::Tensor publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::
   // Pass 2: priority rows first, then the others, each pass parallel over the rows.
   for (const bool wanted : {true, false}) {
     if (wanted && priority.numel() == 0) continue;
-    at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, m, row_grain(total_width), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         if (std::binary_search(first_priority, last_priority, row[i]) == wanted) publish_row(i);
       }

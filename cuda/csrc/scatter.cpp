@@ -51,7 +51,9 @@ ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& off
     dst.push_back(sums.back().data_ptr<float>());
     width.push_back(row_width(g));
   }
-  at::parallel_for(0, u, 128, [&](int64_t begin, int64_t end) {
+  int64_t total_width = 0;
+  for (int64_t w : width) total_width += w;
+  at::parallel_for(0, u, row_grain(tasks * total_width), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       for (int64_t t = 0; t < tasks; ++t) {
         const int64_t* first = row + offset[t];
