@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "odin_ops.h"
 
@@ -31,10 +32,17 @@ ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& off
     for (const at::Tensor& g : tensors) copies.push_back(g.clone());
     return {rows.clone(), copies};
   }
+  // The union: each task's rows are sorted, so merge them one task at a time (O(R T), no sort), then deduplicate.
   const int64_t* row = rows.data_ptr<int64_t>();
-  std::vector<int64_t> merged(row, row + rows.numel());
-  std::sort(merged.begin(), merged.end());
-  merged.erase(std::unique(merged.begin(), merged.end()), merged.end());
+  std::vector<int64_t> merged, buffer;
+  merged.reserve(rows.numel());
+  buffer.reserve(rows.numel());
+  for (int64_t t = 0; t < tasks; ++t) {
+    buffer.clear();
+    std::merge(merged.begin(), merged.end(), row + offset[t], row + offset[t + 1], std::back_inserter(buffer));
+    buffer.erase(std::unique(buffer.begin(), buffer.end()), buffer.end());
+    merged.swap(buffer);
+  }
   const int64_t u = static_cast<int64_t>(merged.size());
   at::Tensor union_rows = at::empty({u}, rows.options());
   std::copy(merged.begin(), merged.end(), union_rows.data_ptr<int64_t>());
