@@ -77,7 +77,8 @@ def bench(num_rows: int, target: int, repeat: int) -> list[tuple[str, int, float
     union = ops.scatter_in_order(updates, params)
 
     def publisher() -> Callable[[], object]:
-        optimizers = selective_adams({n: torch.nn.Parameter(p.clone()) for n, p in params.items()}, {n: 1e-3 for n in params})
+        copies = {name: torch.nn.Parameter(p.clone()) for name, p in params.items()}
+        optimizers = selective_adams(copies, {name: 1e-3 for name in params})
         return lambda: ops.publish_adam(optimizers, union.rows, union.grads, seq)
 
     calls = {
@@ -107,7 +108,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if not ops.compiled("cpu"):
         raise SystemExit("bench_kernels: the compiled CPU ops are not available (see the warning above)")
-    print(f"N = {args.rows}, SH degree 3, {TASKS} tasks per step, {args.threads} torch thread(s), best of {args.repeat}\n")
+    print(f"N = {args.rows}, SH degree 3, {TASKS} tasks per step, {args.threads} torch thread(s), ", end="")
+    print(f"best of {args.repeat}\n")
     print("| op (one step's calls) | target \\|C\\| | rows handled | reference ms | C++ ms | speed-up |")
     print("|---|---|---|---|---|---|")
     for target in args.candidates:

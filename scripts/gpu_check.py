@@ -153,7 +153,10 @@ def op_seconds(runtime: OdinRuntime, args: argparse.Namespace, reference: bool, 
     seq = torch.zeros(runtime.num_primitives, dtype=torch.int64, device=args.device)
     writes = [StepRows(0, torch.arange(0, runtime.num_primitives, 7, device=args.device))]
     candidates = [ops.cull_conflicts(bounds, region, 1, writes)[0] for region in regions]
-    updates = [SparseUpdate(c, {n: torch.randn(c.numel(), *p.shape[1:], device=args.device) for n, p in params.items()}) for c in candidates]
+    updates = [
+        SparseUpdate(c, {n: torch.randn(c.numel(), *p.shape[1:], device=args.device) for n, p in params.items()})
+        for c in candidates
+    ]
     union = ops.scatter_in_order(updates, params)
     optimizers = selective_adams({n: torch.nn.Parameter(p) for n, p in params.items()}, LRS)
     calls = {

@@ -102,6 +102,7 @@ def load() -> str | None:
             build(wanted)
             flavour = wanted
         except Exception as error:  # a broken toolchain must not stop training: the reference is exact
-            warnings.warn(f"odin kernels: building the {wanted} ops failed ({error}); using the reference", stacklevel=2)
+            message = f"odin kernels: building the {wanted} ops failed ({error}); using the reference"
+            warnings.warn(message, stacklevel=2)
     _loaded["flavour"] = flavour
     return flavour

@@ -14,7 +14,7 @@ from odin_nerfstudio.kernels import _backend
 def main() -> None:
     """Build the CPU flavour (or, with --cuda, the CUDA one), verbose on request."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cuda", action="store_true", help="build the CUDA flavour (needs nvcc and a GPU-capable torch)")
+    parser.add_argument("--cuda", action="store_true", help="build the CUDA flavour (needs nvcc and CUDA torch)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     flavour = "cuda" if args.cuda else "cpu"

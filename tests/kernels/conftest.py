@@ -12,7 +12,10 @@ from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.kernels import _backend, ops
 
 NO_GPU = "no CUDA device here: the CUDA kernels are compiled by test_nvcc.py and run by scripts/gpu_check.sh on a GPU"
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)])]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)]),
+]
 """Every op test runs per device; the CUDA ones skip with a reason on a machine without a GPU."""
 
 
@@ -42,7 +45,14 @@ def random_camera(generator: torch.Generator, width: int = 64, height: int = 48)
 
 SHAPES = {"means": (3,), "scales": (3,), "quats": (4,), "opacities": (), "features_dc": (3,), "features_rest": (15, 3)}
 """gsplat's parameter layout at SH degree 3 (trailing shapes)."""
-LRS = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "features_dc": 2.5e-3, "features_rest": 1.25e-4}
+LRS = {
+    "means": 1.6e-4,
+    "scales": 5e-3,
+    "quats": 1e-3,
+    "opacities": 5e-2,
+    "features_dc": 2.5e-3,
+    "features_rest": 1.25e-4,
+}
 
 
 def make_model(num_rows: int, seed: int, device: str, shapes: dict[str, tuple[int, ...]] = SHAPES) -> tuple[

@@ -40,7 +40,8 @@ def nvcc_command(nvcc: Path, source: Path, output: Path) -> list[str]:
     includes = [f"-I{p}" for p in include_paths()] + [f"-I{cuda_include}"]
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(__import__('torch')._C._GLIBCXX_USE_CXX11_ABI)}"
-    return [str(nvcc), "-c", str(source), "-o", str(output), *CUDA_FLAGS, "-Xcompiler", "-fPIC", abi, *gencode, *includes]
+    flags = [*CUDA_FLAGS, "-Xcompiler", "-fPIC", abi, *gencode, *includes]
+    return [str(nvcc), "-c", str(source), "-o", str(output), *flags]
 
 
 def test_every_cu_compiles_for_sm89_and_sm90(tmp_path: Path) -> None:

@@ -17,7 +17,15 @@ from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
-from tests.kernels.conftest import DEVICES, clone_model, make_model, random_camera, random_rows, require_compiled, same_model
+from tests.kernels.conftest import (
+    DEVICES,
+    clone_model,
+    make_model,
+    random_camera,
+    random_rows,
+    require_compiled,
+    same_model,
+)
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -34,6 +42,11 @@ def _scene(generator: torch.Generator, num_rows: int, device: str) -> BoundingSp
         moved = random_rows(generator, num_rows, num_rows // 4, device)
         bounds.update(moved, (means[moved.cpu()] + 0.5).to(device), (2.0 * scales[moved.cpu()]).to(device))
     return bounds
+
+
+def _gradient(generator: torch.Generator, rows: torch.Tensor, param: torch.Tensor, device: str) -> torch.Tensor:
+    """A random gradient [M, ...] for ``rows`` [M] of ``param`` [N, ...]."""
+    return torch.randn(rows.numel(), *param.shape[1:], generator=generator).to(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -64,7 +77,9 @@ def test_cull_conflicts_equals_reference(device: str, num_rows: int, seed: int, 
 
 @pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
-@given(num_rows=st.integers(1, 500), reads=st.integers(0, 800), locked=st.integers(0, 20), seed=st.integers(0, 2**31 - 1))
+@given(
+    num_rows=st.integers(1, 500), reads=st.integers(0, 800), locked=st.integers(0, 20), seed=st.integers(0, 2**31 - 1)
+)
 def test_gather_rows_equals_reference(device: str, num_rows: int, reads: int, locked: int, seed: int) -> None:
     require_compiled(device)
     generator = torch.Generator().manual_seed(seed)
@@ -90,7 +105,7 @@ def test_scatter_in_order_equals_reference(device: str, num_rows: int, tasks: in
     updates = []
     for _ in range(tasks):
         rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), device)
-        grads = {name: torch.randn(rows.numel(), *p.shape[1:], generator=generator).to(device) for name, p in params.items()}
+        grads = {name: _gradient(generator, rows, p, device) for name, p in params.items()}
         if rows.numel():
             grads["means"][0] = -0.0  # a negative zero: 0 + g turns it positive, a single task keeps it
         updates.append(SparseUpdate(rows, grads))
@@ -118,7 +133,7 @@ def test_publish_adam_equals_reference(device: str, num_rows: int, steps: int, s
     seq = seq_ref.clone()
     for _ in range(steps):
         rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), device)
-        grads = {name: torch.randn(rows.numel(), *p.shape[1:], generator=generator).to(device) for name, p in reference[0].items()}
+        grads = {name: _gradient(generator, rows, p, device) for name, p in reference[0].items()}
         priority = rows[torch.rand(rows.numel(), generator=generator).to(device) < 0.3]
         with ops.use_reference():
             ops.publish_adam(reference[1], rows, grads, seq_ref, priority)
@@ -155,7 +170,11 @@ def test_ops_past_2_to_the_24_rows(device: str) -> None:
     assert torch.equal(got[0]["opacities"], want[0]["opacities"]) and torch.equal(got[1], want[1])
     assert int(got[1][-1]) == 1  # the last row (index 2^24 + 6) was published once
 
-    halves = [SparseUpdate(rows[::2], {"opacities": grads["opacities"][::2]}), SparseUpdate(rows[1::3], {"opacities": grads["opacities"][1::3]})]
+    gradient = grads["opacities"]
+    halves = [
+        SparseUpdate(rows[::2], {"opacities": gradient[::2]}),
+        SparseUpdate(rows[1::3], {"opacities": gradient[1::3]}),
+    ]
     with ops.use_reference():
         want = ops.scatter_in_order(halves, compiled[0])
     got = ops.scatter_in_order(halves, compiled[0])
