@@ -172,8 +172,8 @@ def test_ops_past_2_to_the_24_rows(device: str) -> None:
 
     gradient = grads["opacities"]
     halves = [
-        SparseUpdate(rows[::2], {"opacities": gradient[::2]}),
-        SparseUpdate(rows[1::3], {"opacities": gradient[1::3]}),
+        SparseUpdate(rows[::2].contiguous(), {"opacities": gradient[::2].contiguous()}),
+        SparseUpdate(rows[1::3].contiguous(), {"opacities": gradient[1::3].contiguous()}),
     ]
     with ops.use_reference():
         want = ops.scatter_in_order(halves, compiled[0])
