@@ -24,4 +24,6 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools
 echo "Installing odin-nerfstudio and its dependencies into .venv (nerfstudio, gsplat, torch: a few minutes)..."
 .venv/bin/python -m pip install --quiet -c requirements-lock.txt -e ".[test]"
+# Odin's C++ kernels (cuda/csrc): JIT-build the CPU ops into ~/.cache/odin_nerfstudio/kernels now, not mid-training.
+.venv/bin/python -m odin_nerfstudio.kernels.build
 echo "$want" > "$stamp"

@@ -1,0 +1,85 @@
+// scatter_in_order on the CPU: sum T tasks' sparse gradient rows on the sorted union of their rows, in task order.
+//
+// Equals core/sparse.py sum_in_order bit for bit: each union row starts from +0.0 and receives the tasks'
+// contributions in task order (one thread owns a union row, so no float atomics and no order that varies with
+// the schedule); a single task's update is returned as a copy (sum_in_order returns it as is, without 0 + g).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "odin_ops.h"
+
+namespace odin {
+
+ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {
+  const std::vector<at::Tensor> tensors = grads.vec();
+  check_rows_tensors(tensors, rows, "scatter_in_order");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.numel() >= 1 && offsets.scalar_type() == at::kLong &&
+                  offsets.is_contiguous() && offsets.is_cpu(),
+              "scatter_in_order: offsets must be CPU int64 [T + 1]");
+  const int64_t tasks = offsets.numel() - 1;
+  const int64_t* offset = offsets.data_ptr<int64_t>();
+  TORCH_CHECK(offset[0] == 0 && offset[tasks] == rows.numel(), "scatter_in_order: offsets must span rows");
+  for (const at::Tensor& g : tensors) {
+    TORCH_CHECK(g.size(0) == rows.numel(), "scatter_in_order: every gradient needs one row per entry of rows");
+  }
+  if (tasks == 1) {
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& g : tensors) copies.push_back(g.clone());
+    return {rows.clone(), copies};
+  }
+  // The union: each task's rows are sorted, so merge them one task at a time (O(R T), no sort), then deduplicate.
+  const int64_t* row = rows.data_ptr<int64_t>();
+  std::vector<int64_t> merged, buffer;
+  merged.reserve(rows.numel());
+  buffer.reserve(rows.numel());
+  for (int64_t t = 0; t < tasks; ++t) {
+    buffer.clear();
+    std::merge(merged.begin(), merged.end(), row + offset[t], row + offset[t + 1], std::back_inserter(buffer));
+    buffer.erase(std::unique(buffer.begin(), buffer.end()), buffer.end());
+    merged.swap(buffer);
+  }
+  const int64_t u = static_cast<int64_t>(merged.size());
+  at::Tensor union_rows = at::empty({u}, rows.options());
+  std::copy(merged.begin(), merged.end(), union_rows.data_ptr<int64_t>());
+
+  std::vector<at::Tensor> sums;
+  std::vector<const float*> src;
+  std::vector<float*> dst;
+  std::vector<int64_t> width;
+  for (const at::Tensor& g : tensors) {
+    std::vector<int64_t> shape = g.sizes().vec();
+    shape[0] = u;
+    sums.push_back(at::zeros(shape, g.options()));
+    src.push_back(g.data_ptr<float>());
+    dst.push_back(sums.back().data_ptr<float>());
+    width.push_back(row_width(g));
+  }
+  int64_t total_width = 0;
+  for (int64_t w : width) total_width += w;
+  at::parallel_for(0, u, row_grain(tasks * total_width), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t* first = row + offset[t];
+        const int64_t* last = row + offset[t + 1];
+        const int64_t* hit = std::lower_bound(first, last, merged[i]);
+        if (hit == last || *hit != merged[i]) continue;
+        const int64_t at = hit - row;
+        for (size_t p = 0; p < src.size(); ++p) {
+          float* out = dst[p] + i * width[p];
+          const float* in = src[p] + at * width[p];
+          for (int64_t d = 0; d < width[p]; ++d) out[d] += in[d];
+        }
+      }
+    }
+  });
+  return {union_rows, sums};
+}
+
+}  // namespace odin
+
+TORCH_LIBRARY_IMPL(odin, CPU, m) { m.impl("scatter_in_order", &odin::scatter_in_order_cpu); }

@@ -1,0 +1,70 @@
+// scatter_in_order on CUDA: a thread per union row adds the tasks' rows in task order (binary search per task).
+//
+// No float atomics: each output row has one owner, so its sum runs 0 + g_0 + g_1 + ... in task order, as on the
+// CPU and in sum_in_order. The union is torch's sort + unique_consecutive.
+#include <ATen/ops/clone.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/unique_consecutive.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "cuda_common.cuh"
+
+namespace odin {
+namespace {
+
+__global__ void scatter_kernel(RowTensors src, RowTensors dst, const int64_t* rows, const int64_t* offsets,
+                               int64_t tasks, const int64_t* union_rows, int64_t u) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= u) return;
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t hit = find_sorted(rows + offsets[t], offsets[t + 1] - offsets[t], union_rows[i]);
+    if (hit < 0) continue;
+    const int64_t at = offsets[t] + hit;
+    for (int k = 0; k < src.count; ++k) {
+      const int64_t w = src.width[k];
+      for (int64_t d = 0; d < w; ++d) dst.data[k][i * w + d] = __fadd_rn(dst.data[k][i * w + d], src.data[k][at * w + d]);
+    }
+  }
+}
+
+}  // namespace
+
+ScatterResult scatter_in_order_cuda(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {
+  const std::vector<at::Tensor> tensors = grads.vec();
+  check_rows_tensors(tensors, rows, "scatter_in_order");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.numel() >= 1 && offsets.scalar_type() == at::kLong &&
+                  offsets.is_contiguous() && offsets.is_cpu(),
+              "scatter_in_order: offsets must be CPU int64 [T + 1]");
+  const int64_t tasks = offsets.numel() - 1;
+  TORCH_CHECK(offsets.data_ptr<int64_t>()[0] == 0 && offsets.data_ptr<int64_t>()[tasks] == rows.numel(),
+              "scatter_in_order: offsets must span rows");
+  const c10::cuda::CUDAGuard guard(rows.device());
+  if (tasks == 1) {
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& g : tensors) copies.push_back(g.clone());
+    return {rows.clone(), copies};
+  }
+  const at::Tensor union_rows = std::get<0>(at::unique_consecutive(std::get<0>(at::sort(rows))));
+  const int64_t u = union_rows.numel();
+  std::vector<at::Tensor> sums;
+  for (const at::Tensor& g : tensors) {
+    TORCH_CHECK(g.size(0) == rows.numel(), "scatter_in_order: every gradient needs one row per entry of rows");
+    std::vector<int64_t> shape = g.sizes().vec();
+    shape[0] = u;
+    sums.push_back(at::zeros(shape, g.options()));
+  }
+  if (u > 0) {
+    const at::Tensor device_offsets = offsets.to(rows.device());
+    scatter_kernel<<<blocks_for(u), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        row_tensors(tensors), row_tensors(sums), rows.data_ptr<int64_t>(), device_offsets.data_ptr<int64_t>(), tasks,
+        union_rows.data_ptr<int64_t>(), u);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {union_rows, sums};
+}
+
+}  // namespace odin
+
+TORCH_LIBRARY_IMPL(odin, CUDA, m) { m.impl("scatter_in_order", &odin::scatter_in_order_cuda); }

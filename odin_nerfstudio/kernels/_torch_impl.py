@@ -1,0 +1,104 @@
+"""The pure-torch reference of each kernel op: the runtime's existing bookkeeping, the yardstick of the C++/CUDA ops.
+
+Like gsplat's ``cuda/_torch_impl.py``, every function here is what its compiled twin in ``cuda/csrc`` must equal
+bit for bit, and it reuses the core code where that code already is the computation (culling, conflicts,
+sum_in_order, selective Adam), so the reference is the code the runtime has always run. Shapes: N rows in the
+model, M rows in a call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows, raw
+from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
+
+
+def cull_conflicts(
+    bounds: BoundingSpheres, region: CullRegion, reader_step: int, writes: Sequence[StepRows]
+) -> tuple[Tensor, Conflicts]:
+    """C(t) and its read-after-write conflicts: ``bounds.rows_in(region)`` then ``raw``.
+
+    Args:
+        bounds: the culling bounds of the N rows and their block index.
+        region: the task's cull region.
+        reader_step: the reading task's step s.
+        writes: per unpublished step, the rows it may write (sorted int64 or bool [N]); only steps < s count.
+
+    Returns:
+        C(t), sorted int64 [M], and the rows of C(t) with an earlier unpublished write (with latest and earliest
+        such step).
+    """
+    candidate = bounds.rows_in(region)
+    return candidate, raw(candidate, reader_step, writes)
+
+
+def gather_rows(
+    params: dict[str, Tensor], rows: Tensor, seq: Tensor, check_locks: bool = True
+) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Copy ``rows`` of every parameter, with each row's version and whether a publication held it.
+
+    Args:
+        params: per name, a parameter [N, ...] (float32).
+        rows: the rows to read, int64 [M] (duplicates allowed).
+        seq: per row, its sequence word, int64 [N]: twice its version, odd while a publication writes it.
+        check_locks: whether odd words count as locked (False: the debug switch that reads regardless).
+
+    Returns:
+        Per name the copied rows [M, ...] (zeros on locked rows), the versions read ``seq[rows] >> 1`` int64 [M],
+        and ``locked`` bool [M].
+    """
+    words = seq.index_select(0, rows)
+    locked = (words & 1).bool() if check_locks else torch.zeros_like(rows, dtype=torch.bool)
+    leaves = {}
+    for name, param in params.items():
+        leaf = param.detach().index_select(0, rows)
+        leaf[locked] = 0.0
+        leaves[name] = leaf
+    return leaves, words >> 1, locked
+
+
+def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -> SparseUpdate:
+    """The tasks' updates summed on the union of their rows in the order given: ``sum_in_order``.
+
+    Args:
+        updates: per task, in task order, sorted unique rows [A_t] and gradient rows [A_t, ...] per name.
+        template: per name, a tensor [N, ...] giving trailing shape, dtype and device.
+
+    Returns:
+        The update on the sorted union of rows [U], gradients [U, ...] summed in task order, statistics listed.
+    """
+    return sum_in_order(updates, template)
+
+
+def publish_adam(
+    optimizers: dict[str, SelectiveAdam],
+    rows: Tensor,
+    grads: dict[str, Tensor],
+    seq: Tensor,
+    priority: Tensor | None = None,
+    use_locks: bool = True,
+) -> Tensor:
+    """Selective Adam on ``rows`` of every parameter (``step_rows``), then each row's version advanced.
+
+    Args:
+        optimizers: per name, the parameter's SelectiveAdam (one parameter tensor [N, ...] each).
+        rows: the step's union rows, sorted unique int64 [M].
+        grads: per name, the summed gradient rows [M, ...].
+        seq: per row, its sequence word, int64 [N]; ``seq[rows] += 2``.
+        priority: rows to publish first (sorted int64 [Q]); the values do not depend on the order.
+        use_locks: ignored (one thread runs the reference).
+
+    Returns:
+        Lock contention, int64 [1]: 0 (no other thread).
+    """
+    del priority, use_locks
+    for name, optimizer in optimizers.items():
+        optimizer.step_rows(rows, [grads[name]])
+    seq.index_add_(0, rows, torch.full_like(rows, 2))
+    return torch.zeros(1, dtype=torch.int64, device=rows.device)

@@ -1,0 +1,243 @@
+"""Odin's four bookkeeping kernels, one function per op: the compiled ``torch.ops.odin`` op or the reference.
+
+Each function takes the runtime's own objects, packs them into the op's tensors and calls the op registered by
+``cuda/csrc`` (CPU: C++ with at::parallel_for; CUDA: .cu kernels) when the library is loaded and supports the
+tensors' device, else the pure-torch reference of :mod:`._torch_impl` (the existing core code). The results are
+bit-identical either way (tests/kernels). Force the reference with :func:`use_reference` (a context manager) or
+``ODIN_KERNELS=reference``.
+
+The ops, with the runtime steps they stand for:
+
+- :func:`cull_conflicts`: C(t) by the block index fused with the RAW check against unpublished write sets
+  (``BoundingSpheres.rows_in`` + ``conflicts.raw``).
+- :func:`gather_rows`: C(t)'s rows copied into task leaves under per-row seqlocks, with each row's version
+  (``ShadowGraph.gather``); a row a publication holds is reported, never read torn.
+- :func:`scatter_in_order`: the tasks' staged sparse gradients summed on their union in task order
+  (``sum_in_order``), without float atomics.
+- :func:`publish_adam`: selective Adam on the union rows fused with the version bump, each row locked while
+  written, priority rows first (``SelectiveAdam.step_rows`` + ``PrimitiveTables.publish``'s version advance).
+
+The per-row ``seq`` word (int64 [N]) is twice the row's version (``PrimitiveTables.versions``), odd while a
+publication writes the row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows
+from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.sparse import SparseUpdate
+from odin_nerfstudio.culling.candidates import _BLOCK_SLACK, BoundingSpheres, CullRegion
+from odin_nerfstudio.kernels import _backend, _torch_impl
+
+_forced_reference = False
+
+
+@contextlib.contextmanager
+def use_reference(enabled: bool = True) -> Iterator[None]:
+    """Run every op on the pure-torch reference inside the block (``enabled=False``: the compiled ops again)."""
+    global _forced_reference
+    previous, _forced_reference = _forced_reference, enabled
+    try:
+        yield
+    finally:
+        _forced_reference = previous
+
+
+def compiled(device: torch.device | str) -> bool:
+    """Whether the compiled ops will run for tensors on ``device`` (built, loaded, not forced off)."""
+    if _forced_reference:
+        return False
+    flavour = _backend.load()
+    kind = torch.device(device).type
+    return flavour is not None and (kind == "cpu" or (kind == "cuda" and flavour == "cuda"))
+
+
+def region_vector(region: CullRegion) -> Tensor:
+    """The cull region as the op's float64 [22]: rotation (row-major), translation, radius scale, near plane,
+    left/right/top/bottom slopes and their plane norms ``(1 + slope^2) ** 0.5`` (as ``_meets`` computes them)."""
+    rotation, translation = region.pose
+    sides = region.sides
+    values = [v for row in rotation for v in row] + list(translation)
+    values += [region.radius_scale, region.near_plane, *sides, *((1.0 + s * s) ** 0.5 for s in sides)]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def block_coefficients(region: CullRegion, magnitude: float) -> Tensor:
+    """The block test's float64 [5, 8] coefficients, as ``_Blocks.meeting`` builds them (see its docstring)."""
+    (r0, r1, r2), translation = region.pose
+    coefficients = []
+    for (n0, n1, n2), norm, bound in region.planes():
+        world = [n0 * r0[j] + n1 * r1[j] + n2 * r2[j] for j in range(3)]
+        spread = abs(n0) * sum(map(abs, r0)) + abs(n1) * sum(map(abs, r1)) + abs(n2) * sum(map(abs, r2))
+        offset = n0 * translation[0] + n1 * translation[1] + n2 * translation[2]
+        reach = abs(n0 * translation[0]) + abs(n1 * translation[1]) + abs(n2 * translation[2]) + abs(bound)
+        coefficients.append(
+            [min(w, 0.0) for w in world]
+            + [max(w, 0.0) for w in world]
+            + [
+                region.radius_scale * (1.0 + _BLOCK_SLACK) * norm,
+                offset - bound + _BLOCK_SLACK * (reach + spread * magnitude),
+            ]
+        )
+    return torch.tensor(coefficients, dtype=torch.float64)
+
+
+def cull_conflicts(
+    bounds: BoundingSpheres, region: CullRegion, reader_step: int, writes: Sequence[StepRows]
+) -> tuple[Tensor, Conflicts]:
+    """C(t) over the block index and its read-after-write conflicts, in one op.
+
+    Args:
+        bounds: the culling bounds of the N rows (its block index is built if it is not).
+        region: the task's cull region (``CullRegion.candidates``).
+        reader_step: the reading task's step s.
+        writes: per unpublished step, the rows it may write (sorted unique int64 [W_s] or bool [N]); steps >= s
+            are ignored.
+
+    Returns:
+        C(t), sorted int64 [M], and its conflicts: rows [Q] with the latest and earliest conflicting step [Q].
+    """
+    device = bounds.radii.device
+    if not compiled(device) or bounds.centres.dtype != torch.float32:
+        return _torch_impl.cull_conflicts(bounds, region, reader_step, writes)
+    if bounds.num_rows == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return empty, Conflicts(empty, empty, empty)
+    blocks = bounds.index()
+    parts = [w.rows if w.rows.dtype != torch.bool else torch.nonzero(w.rows).flatten() for w in writes]
+    sizes = [0] + [p.numel() for p in parts]
+    write_rows = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
+    candidate, rows, last, first = torch.ops.odin.cull_conflicts(
+        blocks.rows,
+        blocks.spheres,
+        blocks.bounds,
+        block_coefficients(region, blocks.magnitude),
+        region_vector(region),
+        write_rows,
+        torch.tensor(sizes, dtype=torch.int64).cumsum(0),
+        torch.tensor([w.step for w in writes], dtype=torch.int64),
+        reader_step,
+    )
+    return candidate, Conflicts(rows, last, first)
+
+
+def gather_rows(
+    params: dict[str, Tensor], rows: Tensor, seq: Tensor, check_locks: bool = True
+) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Copy ``rows`` of every parameter under per-row seqlocks, with the version of each row read.
+
+    Args:
+        params: per name, a contiguous float32 parameter [N, ...].
+        rows: the rows to read, int64 [M] (duplicates allowed).
+        seq: per row, its sequence word, int64 [N] (twice its version; odd while a publication writes it).
+        check_locks: False reads without the seqlock (a debug switch: a concurrent publication may then tear rows).
+
+    Returns:
+        Per name the copied rows [M, ...] (fresh tensors, zeros on locked rows), the versions read int64 [M], and
+        ``locked`` bool [M]: rows a publication held during every try (read them again after it).
+    """
+    if not compiled(rows.device) or any(not p.is_contiguous() or p.dtype != torch.float32 for p in params.values()):
+        return _torch_impl.gather_rows(params, rows, seq, check_locks)
+    leaves, versions, locked = torch.ops.odin.gather_rows(
+        [p.detach() for p in params.values()], rows, seq, check_locks
+    )
+    return dict(zip(params, leaves, strict=True)), versions, locked
+
+
+def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -> SparseUpdate:
+    """The tasks' sparse updates summed on the union of their rows, each row's sum in task order.
+
+    Args:
+        updates: per task, in task order, sorted unique rows [A_t] and per name gradient rows [A_t, ...].
+        template: per name, a tensor [N, ...] giving the gradients' trailing shape, dtype and device.
+
+    Returns:
+        The update on the sorted union of rows [U] with summed gradients [U, ...] and every task's statistics in
+        order (as ``sum_in_order``).
+    """
+    device = next(iter(template.values())).device
+    if not updates or not compiled(device) or any(t.dtype != torch.float32 for t in template.values()):
+        return _torch_impl.scatter_in_order(updates, template)
+    sizes = [0] + [u.rows.numel() for u in updates]
+    rows, sums = torch.ops.odin.scatter_in_order(
+        torch.cat([u.rows for u in updates]),
+        torch.tensor(sizes, dtype=torch.int64).cumsum(0),
+        [torch.cat([u.grads[name].contiguous() for u in updates]) for name in template],
+    )
+    stats = tuple(s for update in updates for s in update.stats)
+    return SparseUpdate(rows=rows, grads=dict(zip(template, sums, strict=True)), stats=stats)
+
+
+def _advance(optimizer: SelectiveAdam) -> list[float]:
+    """Advance ``optimizer``'s global step as ``step_rows`` does; its Adam constants as the op's hyper row [6]."""
+    (group,) = optimizer.param_groups
+    (param,) = group["params"]
+    state = optimizer._state_of(param)
+    state["step"] += 1
+    step = state["step"].item()
+    beta1, beta2 = group["betas"]
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+    step_size = group["lr"] / (1 - beta1**step)
+    return [1 - beta1, beta2, 1 - beta2, bias_correction2_sqrt, group["eps"], -step_size]
+
+
+def _stepped(optimizer: SelectiveAdam) -> None:
+    """What ``step_rows`` does after the update: mark the step taken and run the step post-hooks."""
+    optimizer._opt_called = True
+    for hook in list(optimizer._optimizer_step_post_hooks.values()):
+        hook(optimizer, (), {})
+
+
+def publish_adam(
+    optimizers: dict[str, SelectiveAdam],
+    rows: Tensor,
+    grads: dict[str, Tensor],
+    seq: Tensor,
+    priority: Tensor | None = None,
+    use_locks: bool = True,
+) -> Tensor:
+    """Selective Adam on ``rows`` of every parameter fused with the version bump, each row locked while written.
+
+    Args:
+        optimizers: per name, the parameter's SelectiveAdam (gsplat's layout: one parameter [N, ...] each); the
+            global step of each advances (bias correction counts global steps) and its post-hooks run.
+        rows: the step's union rows, sorted unique int64 [M] (may be empty: the steps still count).
+        grads: per name, the summed gradient rows [M, ...].
+        seq: per row, its sequence word, int64 [N]: ``seq[rows] += 2``, odd while the row is written.
+        priority: rows a waiting reader needs, sorted int64 [Q]: published before the others (None: none).
+        use_locks: False writes without taking the row locks (a debug switch for the stress test).
+
+    Returns:
+        Lock contention, int64 [1] on ``rows``' device: failed try-acquires (another publisher held the row); 0 on
+        the reference. A tensor, so that a CUDA publication never waits for the host to read it.
+    """
+    states = [optimizer.state[optimizer.param_groups[0]["params"][0]] for optimizer in optimizers.values()]
+    params = [optimizer.param_groups[0]["params"][0] for optimizer in optimizers.values()]
+    tensors = params + [s.get("exp_avg") for s in states] + [s.get("exp_avg_sq") for s in states]
+    if not compiled(rows.device) or any(
+        t is None or not t.is_contiguous() or t.dtype != torch.float32 for t in tensors
+    ):
+        return _torch_impl.publish_adam(optimizers, rows, grads, seq, priority, use_locks)
+    hyper = torch.tensor([_advance(optimizer) for optimizer in optimizers.values()], dtype=torch.float64)
+    if priority is None:
+        priority = torch.empty(0, dtype=torch.int64, device=rows.device)
+    contention = torch.ops.odin.publish_adam(
+        [p.detach() for p in params],
+        [s["exp_avg"] for s in states],
+        [s["exp_avg_sq"] for s in states],
+        [grads[name].contiguous() for name in optimizers],
+        rows,
+        seq,
+        hyper.reshape(len(optimizers), 6),
+        priority,
+        use_locks,
+    )
+    for optimizer in optimizers.values():
+        _stepped(optimizer)
+    return contention

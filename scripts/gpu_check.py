@@ -1,0 +1,230 @@
+"""A short bare-gsplat training loop through the Odin runtime in barrier, quality and throughput modes, and the
+kernels' share of a step: the GPU check of issue 10 (``--cpu`` runs the same flow on CPU as a dry run).
+
+Why one small file: the runtime's API is being refactored; everything that touches it is in :func:`train` (a
+runtime over the params with selective Adams, one virtual transport, ``run_virtual`` over a schedule), so the loop
+is easy to adapt. The model renders with ``odin_nerfstudio.rendering.rasterize.rasterization`` (gsplat's CUDA
+rasterizer on CUDA, the project's CPU rasterizer on CPU). Two virtual workers with one task each per step keep two
+tasks in flight in the process. Prints per mode the step time and the runtime's bookkeeping share, then the four
+compiled ops' time on this model against the reference (the kernels' share of a step once the runtime calls
+them), and whether quality equals barrier bit for bit (on CUDA also barrier against itself: gsplat's backward sums
+with float atomics, so quality may differ from barrier by no more than barrier differs from itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from odin_nerfstudio.comm.transport import VirtualTransport  # noqa: E402
+from odin_nerfstudio.core.camera import Camera  # noqa: E402
+from odin_nerfstudio.core.conflicts import StepRows  # noqa: E402
+from odin_nerfstudio.core.selective_adam import selective_adams  # noqa: E402
+from odin_nerfstudio.core.sparse import SparseUpdate  # noqa: E402
+from odin_nerfstudio.core.tasks import Task  # noqa: E402
+from odin_nerfstudio.culling.candidates import CullRegion  # noqa: E402
+from odin_nerfstudio.drivers.virtual import run_virtual  # noqa: E402
+from odin_nerfstudio.kernels import ops  # noqa: E402
+from odin_nerfstudio.rendering.rasterize import rasterization  # noqa: E402
+from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig  # noqa: E402
+
+LRS = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "features_dc": 2.5e-3}
+WORKERS, PER_WORKER = 2, 1
+
+
+def make_params(num_gaussians: int, device: str) -> dict[str, torch.nn.Parameter]:
+    """Gaussians on a ring of radius 3 around the origin (gsplat's layout: log-scales, logit opacities)."""
+    generator = torch.Generator().manual_seed(0)
+    angle = torch.rand(num_gaussians, generator=generator) * 2 * math.pi
+    radius = 3.0 + 0.3 * torch.randn(num_gaussians, generator=generator)
+    height = 1.5 * (torch.rand(num_gaussians, generator=generator) - 0.5)
+    means = torch.stack([radius * torch.sin(angle), height, radius * torch.cos(angle)], dim=-1)
+    values = {
+        "means": means,
+        "scales": torch.log(0.01 + 0.03 * torch.rand(num_gaussians, 3, generator=generator)),
+        "quats": torch.randn(num_gaussians, 4, generator=generator),
+        "opacities": torch.randn(num_gaussians, generator=generator),
+        "features_dc": torch.rand(num_gaussians, 3, generator=generator),
+    }
+    return {name: torch.nn.Parameter(value.to(device)) for name, value in values.items()}
+
+
+def camera(view: int, num_views: int, size: int) -> Camera:
+    """View ``view`` of ``num_views`` at the origin, looking outward (neighbouring views overlap)."""
+    yaw = 2 * math.pi * view / num_views
+    forward = torch.tensor([math.sin(yaw), 0.0, math.cos(yaw)])
+    down = torch.tensor([0.0, 1.0, 0.0])
+    viewmat = torch.eye(4)
+    viewmat[:3, :3] = torch.stack([torch.linalg.cross(down, forward), down, forward])
+    K = torch.tensor([[0.75 * size, 0.0, size / 2], [0.0, 0.75 * size, size / 2], [0.0, 0.0, 1.0]])
+    return Camera(viewmat=viewmat, K=K, width=size, height=size)
+
+
+def make_schedule(steps: int, num_views: int, size: int) -> list:
+    """step -> worker -> tasks: W x B distinct views per step from seeded shuffles."""
+    generator = torch.Generator().manual_seed(0)
+    schedule = []
+    for step in range(steps):
+        views = torch.randperm(num_views, generator=generator).tolist()
+        schedule.append([[Task(step, w, 0, views[w], camera(views[w], num_views, size))] for w in range(WORKERS)])
+    return schedule
+
+
+def make_render(size: int, device: str):
+    """The task's render: rasterize the gathered rows, L1 against a fixed random target per view."""
+
+    def render(task: Task, leaves: dict[str, torch.Tensor], generator: torch.Generator):
+        cam = task.camera
+        image, _, info = rasterization(
+            leaves["means"],
+            leaves["quats"],
+            torch.exp(leaves["scales"]),
+            torch.sigmoid(leaves["opacities"]),
+            leaves["features_dc"],
+            cam.viewmat[None].to(device),
+            cam.K[None].to(device),
+            cam.width,
+            cam.height,
+            packed=False,
+            backgrounds=torch.rand(1, 3, generator=generator).to(device),
+        )
+        target = torch.rand(size, size, 3, generator=torch.Generator().manual_seed(task.view)).to(device)
+        return (image[0] - target).abs().mean(), info
+
+    return render
+
+
+def train(mode: str, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
+    """A fresh model trained ``args.steps`` steps in ``mode``; returns the runtime and the seconds per step."""
+    params = make_params(args.gaussians, args.device)
+    config = OdinRuntimeConfig(mode=mode, num_workers=WORKERS, tasks_per_worker=PER_WORKER, seed=0)
+    transport = VirtualTransport(WORKERS, params)
+    runtime = OdinRuntime(
+        config,
+        params,
+        selective_adams(params, LRS),
+        [transport.endpoint(w) for w in range(WORKERS)],
+        make_render(args.size, args.device),
+    )
+    schedule = make_schedule(args.steps, args.views, args.size)
+    synchronize(args.device)
+    start = time.perf_counter()
+    run_virtual(runtime, schedule)
+    synchronize(args.device)
+    return runtime, (time.perf_counter() - start) / args.steps
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (timing only)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def state_of(runtime: OdinRuntime) -> dict[str, torch.Tensor]:
+    """Every parameter and Adam moment of the runtime's model."""
+    out = {}
+    for name, param in runtime.params.items():
+        state = runtime.optimizers[name].state[param]
+        out[name] = param.detach().clone()
+        out[f"{name}.exp_avg"] = state["exp_avg"].clone()
+        out[f"{name}.exp_avg_sq"] = state["exp_avg_sq"].clone()
+    return out
+
+
+def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest |a - b| over every tensor (0.0: bit-identical up to signed zeros)."""
+    return max(float((a[k] - b[k]).abs().max()) if a[k].numel() else 0.0 for k in a)
+
+
+def op_seconds(runtime: OdinRuntime, args: argparse.Namespace, reference: bool, repeat: int = 5) -> dict[str, float]:
+    """Best time of each op on the trained model for a step's work: W x B culls and gathers, one scatter of the
+    W x B updates, one publication of their union (on copies, so the model is untouched)."""
+    tasks = [task for per_worker in make_schedule(1, args.views, args.size)[0] for task in per_worker]
+    bounds = runtime._bounding_spheres()
+    regions = [CullRegion.candidates(task.camera, runtime.config.candidate_margin) for task in tasks]
+    params = {name: p.detach().clone() for name, p in runtime.params.items()}
+    seq = torch.zeros(runtime.num_primitives, dtype=torch.int64, device=args.device)
+    writes = [StepRows(0, torch.arange(0, runtime.num_primitives, 7, device=args.device))]
+    candidates = [ops.cull_conflicts(bounds, region, 1, writes)[0] for region in regions]
+    updates = [
+        SparseUpdate(c, {n: torch.randn(c.numel(), *p.shape[1:], device=args.device) for n, p in params.items()})
+        for c in candidates
+    ]
+    union = ops.scatter_in_order(updates, params)
+    optimizers = selective_adams({n: torch.nn.Parameter(p) for n, p in params.items()}, LRS)
+    calls = {
+        "cull_conflicts": lambda: [ops.cull_conflicts(bounds, region, 1, writes) for region in regions],
+        "gather_rows": lambda: [ops.gather_rows(params, c, seq) for c in candidates],
+        "scatter_in_order": lambda: ops.scatter_in_order(updates, params),
+        "publish_adam": lambda: ops.publish_adam(optimizers, union.rows, union.grads, seq),
+    }
+    out = {}
+    with ops.use_reference(reference):
+        for name, call in calls.items():
+            best = math.inf
+            for _ in range(repeat):
+                synchronize(args.device)
+                start = time.perf_counter()
+                call()
+                synchronize(args.device)
+                best = min(best, time.perf_counter() - start)
+            out[name] = best
+    return out
+
+
+def main() -> None:
+    """Train in the three modes, print the table, exit 1 if quality differs from barrier where it must not."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="dry run on CPU with the project's CPU rasterizer")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--gaussians", type=int, default=None)
+    args = parser.parse_args()
+    args.device = "cpu" if args.cpu else "cuda"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA device (use --cpu for the dry run)")
+    args.steps = args.steps or (4 if args.cpu else 30)
+    args.gaussians = args.gaussians or (3_000 if args.cpu else 200_000)
+    args.size, args.views = (32, 12) if args.cpu else (256, 24)
+    print(f"device {args.device}, compiled ops: {ops.compiled(args.device)}, {args.gaussians} Gaussians, "
+          f"{args.steps} steps of {WORKERS} tasks at {args.size}x{args.size}")
+
+    runs = {mode: train(mode, args) for mode in ("barrier", "quality", "throughput")}
+    print("\n| mode | step ms | render+backward ms/task | bookkeeping ms/task | bookkeeping share |")
+    print("|---|---|---|---|---|")
+    for mode, (runtime, step_s) in runs.items():
+        c = runtime.counters
+        tasks = max(c.tasks, 1)
+        compute = (c.render_ns + c.backward_ns) / tasks / 1e6
+        book = c.bookkeeping_ns / tasks / 1e6
+        print(f"| {mode} | {step_s * 1e3:.1f} | {compute:.2f} | {book:.2f} | {book / (book + compute):.1%} |")
+
+    quality_runtime, step_s = runs["quality"]
+    compiled = op_seconds(quality_runtime, args, reference=False)
+    reference = op_seconds(quality_runtime, args, reference=True)
+    print("\n| op (one step's calls) | reference ms | compiled ms | compiled share of a quality step |")
+    print("|---|---|---|---|")
+    for name in compiled:
+        print(f"| {name} | {reference[name] * 1e3:.3f} | {compiled[name] * 1e3:.3f} | {compiled[name] / step_s:.2%} |")
+    total = sum(compiled.values())
+    print(f"| all four | {sum(reference.values()) * 1e3:.3f} | {total * 1e3:.3f} | {total / step_s:.2%} |")
+
+    barrier, quality = state_of(runs["barrier"][0]), state_of(runs["quality"][0])
+    difference = largest_difference(quality, barrier)
+    if args.device == "cpu":
+        print(f"\nquality equals barrier bit for bit: {difference == 0.0} (largest |diff| {difference:g})")
+        sys.exit(0 if difference == 0.0 else 1)
+    noise = largest_difference(state_of(train("barrier", args)[0]), barrier)
+    print(f"\nquality vs barrier largest |diff| {difference:g}; barrier vs barrier {noise:g} (gsplat's atomics); "
+          f"quality within barrier's own spread: {difference <= noise}")
+    sys.exit(0 if difference <= noise else 1)
+
+
+if __name__ == "__main__":
+    main()

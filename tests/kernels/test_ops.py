@@ -1,0 +1,193 @@
+"""Every compiled op equals its pure-torch reference bit for bit on random inputs (CPU here, CUDA on a GPU).
+
+Hypothesis draws the sizes (empty sets included), the duplicates where an op allows them, the cameras and the write
+sets; a separate test runs each op on N = 2^24 + 7 rows, past float32's exact integers and a 2^24-element block.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.core.conflicts import StepRows
+from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.sparse import SparseUpdate
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
+from odin_nerfstudio.kernels import ops
+from tests.kernels.conftest import (
+    DEVICES,
+    clone_model,
+    make_model,
+    random_camera,
+    random_rows,
+    require_compiled,
+    same_model,
+)
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _scene(generator: torch.Generator, num_rows: int, device: str) -> BoundingSpheres:
+    """Bounds of random Gaussians (a few NaN rows when N > 8), with the index built and then loosened by updates."""
+    means = 4.0 * torch.randn(num_rows, 3, generator=generator)
+    scales = 0.3 * torch.rand(num_rows, 3, generator=generator)
+    if num_rows > 8:
+        means[torch.randint(0, num_rows, (2,), generator=generator)] = float("nan")
+    bounds = BoundingSpheres.of(means.to(device), scales.to(device))
+    if num_rows:
+        bounds.index()
+        moved = random_rows(generator, num_rows, num_rows // 4, device)
+        bounds.update(moved, (means[moved.cpu()] + 0.5).to(device), (2.0 * scales[moved.cpu()]).to(device))
+    return bounds
+
+
+def _gradient(generator: torch.Generator, rows: torch.Tensor, param: torch.Tensor, device: str) -> torch.Tensor:
+    """A random gradient [M, ...] for ``rows`` [M] of ``param`` [N, ...]."""
+    return torch.randn(rows.numel(), *param.shape[1:], generator=generator).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@SETTINGS
+@given(num_rows=st.integers(0, 700), seed=st.integers(0, 2**31 - 1), sets=st.integers(0, 4), as_mask=st.booleans())
+def test_cull_conflicts_equals_reference(device: str, num_rows: int, seed: int, sets: int, as_mask: bool) -> None:
+    require_compiled(device)
+    generator = torch.Generator().manual_seed(seed)
+    bounds = _scene(generator, num_rows, device)
+    region = CullRegion.candidates(random_camera(generator), margin=float(torch.rand((), generator=generator)) * 0.3)
+    reader_step = 5
+    writes = []
+    for s in range(sets):
+        rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), device)
+        if as_mask and s == 0:
+            mask = torch.zeros(num_rows, dtype=torch.bool, device=device)
+            mask[rows] = True
+            rows = mask
+        writes.append(StepRows(int(torch.randint(2, 8, (1,), generator=generator)), rows))
+    with ops.use_reference():
+        want, want_conflicts = ops.cull_conflicts(bounds, region, reader_step, writes)
+    got, got_conflicts = ops.cull_conflicts(bounds, region, reader_step, writes)
+    assert torch.equal(got, want)
+    assert torch.equal(got_conflicts.rows, want_conflicts.rows)
+    assert torch.equal(got_conflicts.last_step, want_conflicts.last_step)
+    assert torch.equal(got_conflicts.first_step, want_conflicts.first_step)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@SETTINGS
+@given(
+    num_rows=st.integers(1, 500), reads=st.integers(0, 800), locked=st.integers(0, 20), seed=st.integers(0, 2**31 - 1)
+)
+def test_gather_rows_equals_reference(device: str, num_rows: int, reads: int, locked: int, seed: int) -> None:
+    require_compiled(device)
+    generator = torch.Generator().manual_seed(seed)
+    params, _ = make_model(num_rows, seed, device)
+    rows = torch.randint(0, num_rows, (reads,), generator=generator).to(device)  # duplicates allowed
+    seq = 2 * torch.randint(0, 50, (num_rows,), generator=generator).to(device)
+    seq[torch.randint(0, num_rows, (locked,), generator=generator).to(device)] += 1  # rows a publication holds
+    with ops.use_reference():
+        want = ops.gather_rows(params, rows, seq)
+    got = ops.gather_rows(params, rows, seq)
+    assert all(torch.equal(got[0][name], want[0][name]) for name in params)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert int(got[2].sum()) == int((seq[rows] & 1).sum())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@SETTINGS
+@given(num_rows=st.integers(0, 400), tasks=st.integers(0, 6), seed=st.integers(0, 2**31 - 1))
+def test_scatter_in_order_equals_reference(device: str, num_rows: int, tasks: int, seed: int) -> None:
+    require_compiled(device)
+    generator = torch.Generator().manual_seed(seed)
+    params, _ = make_model(num_rows, seed, device)
+    updates = []
+    for _ in range(tasks):
+        rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), device)
+        grads = {name: _gradient(generator, rows, p, device) for name, p in params.items()}
+        if rows.numel():
+            grads["means"][0] = -0.0  # a negative zero: 0 + g turns it positive, a single task keeps it
+        updates.append(SparseUpdate(rows, grads))
+    with ops.use_reference():
+        want = ops.scatter_in_order(updates, params)
+    got = ops.scatter_in_order(updates, params)
+    assert torch.equal(got.rows, want.rows)
+    for name in params:
+        assert torch.equal(got.grads[name], want.grads[name])
+        assert torch.equal(torch.signbit(got.grads[name]), torch.signbit(want.grads[name]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@SETTINGS
+@given(num_rows=st.integers(0, 400), steps=st.integers(1, 4), seed=st.integers(0, 2**31 - 1), lerp_large=st.booleans())
+def test_publish_adam_equals_reference(device: str, num_rows: int, steps: int, seed: int, lerp_large: bool) -> None:
+    require_compiled(device)
+    generator = torch.Generator().manual_seed(seed)
+    reference = make_model(num_rows, seed, device)
+    if lerp_large:  # 1 - beta1 >= 0.5 takes lerp's other formula
+        for optimizer in reference[1].values():
+            optimizer.param_groups[0]["betas"] = (0.3, 0.99)
+    compiled = clone_model(*reference)
+    seq_ref = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    seq = seq_ref.clone()
+    for _ in range(steps):
+        rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), device)
+        grads = {name: _gradient(generator, rows, p, device) for name, p in reference[0].items()}
+        priority = rows[torch.rand(rows.numel(), generator=generator).to(device) < 0.3]
+        with ops.use_reference():
+            ops.publish_adam(reference[1], rows, grads, seq_ref, priority)
+        contention = ops.publish_adam(compiled[1], rows, grads, seq, priority)
+        assert int(contention) == 0  # one publisher: no row is ever held by another
+    assert same_model(compiled, reference)
+    assert torch.equal(seq, seq_ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_past_2_to_the_24_rows(device: str) -> None:
+    """Every op on N = 2^24 + 7 rows (one float column): rows past 2^24 are read, summed and published exactly."""
+    require_compiled(device)
+    num_rows = 2**24 + 7
+    generator = torch.Generator().manual_seed(0)
+    tail = torch.arange(num_rows - 300, num_rows, dtype=torch.int64)
+    rows = torch.cat([torch.randint(0, num_rows, (300,), generator=generator), tail, torch.tensor([2**24, 2**24 + 1])])
+    rows = torch.unique(rows).to(device)
+
+    params = {"opacities": torch.nn.Parameter(torch.randn(num_rows, generator=generator).to(device))}
+    reference = (params, {"opacities": SelectiveAdam([params["opacities"]], lr=0.01)})
+    compiled = clone_model(*reference)
+    seq = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    seq_ref = seq.clone()
+    grads = {"opacities": torch.randn(rows.numel(), generator=generator).to(device)}
+    with ops.use_reference():
+        ops.publish_adam(reference[1], rows, grads, seq_ref)
+    ops.publish_adam(compiled[1], rows, grads, seq)
+    assert same_model(compiled, reference) and torch.equal(seq, seq_ref)
+
+    with ops.use_reference():
+        want = ops.gather_rows(compiled[0], rows, seq)
+    got = ops.gather_rows(compiled[0], rows, seq)
+    assert torch.equal(got[0]["opacities"], want[0]["opacities"]) and torch.equal(got[1], want[1])
+    assert int(got[1][-1]) == 1  # the last row (index 2^24 + 6) was published once
+
+    gradient = grads["opacities"]
+    halves = [
+        SparseUpdate(rows[::2].contiguous(), {"opacities": gradient[::2].contiguous()}),
+        SparseUpdate(rows[1::3].contiguous(), {"opacities": gradient[1::3].contiguous()}),
+    ]
+    with ops.use_reference():
+        want = ops.scatter_in_order(halves, compiled[0])
+    got = ops.scatter_in_order(halves, compiled[0])
+    assert torch.equal(got.rows, want.rows) and torch.equal(got.grads["opacities"], want.grads["opacities"])
+
+    means = torch.full((num_rows, 3), 1e6)  # far away: only the rows placed in front of the camera are culled in
+    means[rows.cpu()] = torch.tensor([0.0, 0.0, 5.0]) + 0.01 * torch.randn(rows.numel(), 3, generator=generator)
+    bounds = BoundingSpheres.of(means.to(device), torch.full((num_rows, 3), 0.01, device=device))
+    K = torch.tensor([[50.0, 0.0, 32.0], [0.0, 50.0, 24.0], [0.0, 0.0, 1.0]])
+    region = CullRegion.candidates(Camera(viewmat=torch.eye(4), K=K, width=64, height=48), 0.1)
+    writes = [StepRows(1, tail.to(device))]
+    with ops.use_reference():
+        want, want_conflicts = ops.cull_conflicts(bounds, region, 2, writes)
+    got, got_conflicts = ops.cull_conflicts(bounds, region, 2, writes)
+    assert torch.equal(got, want) and torch.equal(got_conflicts.rows, want_conflicts.rows)
+    assert int(got.max()) >= 2**24 and got_conflicts.rows.numel() > 0
