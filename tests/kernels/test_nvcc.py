@@ -1,8 +1,8 @@
 """Every CUDA kernel compiles with nvcc for sm_89 (RTX 4090) and sm_90 (H200), so a broken .cu fails CI without a GPU.
 
-Every ``cuda/csrc/*.cu`` is compiled (``-c``, both architectures in one nvcc call, the four files in one translation
-unit: the host side is parsed once) against this torch's headers with the flags the JIT build uses. nvcc is found through ``CUDA_HOME``, then
-``/usr/local/cuda``, then ``PATH``; without it the test skips with the reason, except under ``CI`` (which has nvcc),
+Every ``cuda/csrc/*.cu`` is compiled (``-c``, both architectures in one nvcc call, the four files in one
+translation unit: the host side is parsed once) against this torch's headers with the flags the JIT build uses.
+nvcc is found through ``CUDA_HOME``, then ``/usr/local/cuda``, then ``PATH``; without it the test skips with the reason, except under ``CI`` (which has nvcc),
 where a missing nvcc fails. Timing (CUDA 13.0, nvcc on the shared 2-core development machine at a load of about
 15): the four files one by one for sm_89 + sm_90 took 693 s wall; in one translation unit 102 s wall, 38 s of CPU.
 Most of it is parsing torch's headers on the host side.
