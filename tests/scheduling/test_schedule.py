@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets, object_point_sets, street_point_sets
+from odin_nerfstudio.scheduling.ordering import assign_lpt
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
-from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, assign_lpt, predicted_view_cost
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, predicted_view_cost
 from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
 from tests.conftest import real_scene
 
@@ -279,7 +280,7 @@ def test_untangle_reverses_runs_until_the_chain_stops_conflicting() -> None:
     and a short last group stays last."""
     from scipy import sparse
 
-    from odin_nerfstudio.scheduling.schedule import untangle
+    from odin_nerfstudio.scheduling.ordering import untangle
 
     weights = np.zeros((4, 4))
     for a, b, w in ((0, 1, 1.0), (1, 2, 0.5), (2, 3, 1.0)):
