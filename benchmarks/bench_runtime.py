@@ -56,6 +56,7 @@ from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion, cand
 from odin_nerfstudio.rendering.rasterize import drawn_rows, rasterization
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.core.row_order import spatial_order
+from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.core.selective_adam import selective_adams
@@ -394,12 +395,7 @@ def run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = 
     that no active row escaped C(t), as ``OdinSplatModel`` does by default.
     """
     params = {name: torch.nn.Parameter(value.clone()) for name, value in scene.start.items()}
-    config = OdinRuntimeConfig(
-        mode=mode,
-        num_workers=args.workers,
-        tasks_per_worker=args.views_per_worker,
-        spatial_order=scene.variant.spatial_order,
-    )
+    config = OdinRuntimeConfig(mode=mode, spatial_order=scene.variant.spatial_order)
     transport = VirtualTransport(args.workers, params)
     sizes = TaskSizes()
     runtime = OdinRuntime(
@@ -409,6 +405,7 @@ def run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = 
         [transport.endpoint(w) for w in range(args.workers)],
         make_render_fn(scene, sizes),
         visibility_fn=EscapeCheck(visible, drawable) if escapes else None,
+        topology=Topology(args.workers, args.views_per_worker),
     )
     device = params["means"].device
     synchronize(device)

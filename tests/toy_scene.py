@@ -16,7 +16,8 @@ from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.rendering.rasterize import rasterization
-from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
+from odin_nerfstudio.runtime.runtime import OdinRuntime
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.comm.transport import VirtualTransport
@@ -153,17 +154,19 @@ def make_runtime(
     visibility_fn=None,
     strategy_state: dict | None = None,
     lr_scale: float = 1.0,
+    topology: Topology = Topology(),
 ) -> OdinRuntime:
     """A runtime over ``params`` with selective Adams (LRS x lr_scale) and a virtual transport for its W workers."""
-    transport = VirtualTransport(config.num_workers, params)
+    transport = VirtualTransport(topology.num_workers, params)
     return OdinRuntime(
         config,
         params,
         selective_adams(params, {name: lr * lr_scale for name, lr in LRS.items()}),
-        [transport.endpoint(w) for w in range(config.num_workers)],
+        [transport.endpoint(w) for w in range(topology.num_workers)],
         render_fn,
         visibility_fn=visibility_fn,
         strategy_state=strategy_state,
+        topology=topology,
     )
 
 

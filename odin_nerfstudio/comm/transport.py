@@ -11,7 +11,8 @@ Every wait has a timeout and its error names what it waited for.
 :class:`DistributedTransport` is the torch.distributed backend: all ranks issue the same collectives in the same
 order (exchanges start in step order), every one asynchronous: an all_gather of a header (row count, statistics
 entries, tasks with statistics), and once it has arrived all_gathers of the indices (rows, statistics' rows, each
-task's entry count), the packed gradient rows and, when any rank has statistics, their values (grad2d, radii),
+task's entry count), the packed gradient rows and, when any rank has statistics, their values (per
+:class:`StatsLayout`: the statistics are the render adapter's plain per-task tensor dicts),
 each padded to the longest of any rank, merged in rank order on every rank. Starting an exchange never blocks.
 A rank with no task in a step still sends its empty update.
 """
@@ -31,7 +32,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
-from odin_nerfstudio.adapter.strategy_stats import TaskStats
 
 
 class ExchangeHandle(Protocol):
@@ -132,8 +132,30 @@ class VirtualTransport:
             return VirtualHandle(exchange, self._condition)
 
 
-_STATS_DTYPE = torch.float32
-"""dtype of the statistics' values on the wire (gsplat's strategy state is float32)."""
+@dataclass(frozen=True)
+class StatsLayout:
+    """How the tasks' statistics travel: their int64 names (with the indices) and their value names (one float
+    dtype, side by side in one message), from the render adapter's ``stats_schema``.
+
+    Every statistic of a task is 1-D with one entry per visible (camera, row) pair ([M_t], M_t the task's entries).
+    """
+
+    index_names: tuple[str, ...] = ()
+    value_names: tuple[str, ...] = ()
+    value_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def of(cls, schema: dict[str, torch.dtype] | None) -> StatsLayout:
+        """The layout of a ``stats_schema`` (name -> dtype); empty for None (no statistics)."""
+        schema = schema or {}
+        value_dtypes = {dtype for dtype in schema.values() if dtype != torch.int64}
+        if len(value_dtypes) > 1:
+            raise ValueError(f"the statistics' values must share one dtype, got {value_dtypes}")
+        return cls(
+            index_names=tuple(name for name, dtype in schema.items() if dtype == torch.int64),
+            value_names=tuple(name for name, dtype in schema.items() if dtype != torch.int64),
+            value_dtype=value_dtypes.pop() if value_dtypes else torch.float32,
+        )
 
 
 @dataclass(frozen=True)
@@ -145,9 +167,14 @@ class _Sizes:
     tasks: int
 
 
+def _entries(stats: dict[str, Tensor]) -> int:
+    """M_t, the entries of one task's statistics."""
+    return next(iter(stats.values())).shape[0]
+
+
 def _sizes_of(update: SparseUpdate) -> list[int]:
     """[rows, statistics entries, tasks with statistics] of a local update (the header every rank gathers)."""
-    return [update.rows.numel(), sum(s.rows.numel() for s in update.stats), len(update.stats)]
+    return [update.rows.numel(), sum(_entries(s) for s in update.stats), len(update.stats)]
 
 
 def _padded(tensor: Tensor, length: int) -> Tensor:
@@ -174,36 +201,38 @@ def _unpack(rows: Tensor, packed: Tensor, template: dict[str, Tensor]) -> Sparse
     return SparseUpdate(rows=rows, grads=grads)
 
 
-def _pack_indices(update: SparseUpdate, longest: _Sizes, device: torch.device) -> Tensor:
-    """The int64 part of a rank's message, [longest rows + entries + tasks]: its rows, its statistics' rows (task
-    after task) and each task's entry count, each padded to the longest of any rank."""
-    empty = torch.empty(0, dtype=torch.int64, device=device)
-    stat_rows = torch.cat([empty, *(s.rows for s in update.stats)])
-    lengths = torch.tensor([s.rows.numel() for s in update.stats], dtype=torch.int64, device=device)
-    return torch.cat(
-        [
-            _padded(update.rows, longest.rows),
-            _padded(stat_rows, longest.entries),
-            _padded(lengths, longest.tasks),
-        ]
-    )
+def _concat(update: SparseUpdate, name: str, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Statistic ``name`` of every task of ``update``, task after task, [entries]."""
+    return torch.cat([torch.empty(0, dtype=dtype, device=device), *(s[name].to(dtype) for s in update.stats)])
 
 
-def _pack_stat_values(update: SparseUpdate, longest: _Sizes, device: torch.device) -> Tensor:
-    """The statistics' values of a rank's tasks, task after task, as [longest entries, 2] (grad2d, radii)."""
-    empty = torch.empty(0, dtype=_STATS_DTYPE, device=device)
-    grad2d = torch.cat([empty, *(s.grad2d.to(_STATS_DTYPE) for s in update.stats)])
-    radii = torch.cat([empty, *(s.radii.to(_STATS_DTYPE) for s in update.stats)])
-    return _padded(torch.stack([grad2d, radii], dim=1), longest.entries)
+def _pack_indices(update: SparseUpdate, layout: StatsLayout, longest: _Sizes, device: torch.device) -> Tensor:
+    """The int64 part of a rank's message, [longest rows + entries x int statistics + tasks]: its rows, each int64
+    statistic (task after task) and each task's entry count, each padded to the longest of any rank."""
+    lengths = torch.tensor([_entries(s) for s in update.stats], dtype=torch.int64, device=device)
+    stats = [_padded(_concat(update, name, torch.int64, device), longest.entries) for name in layout.index_names]
+    return torch.cat([_padded(update.rows, longest.rows), *stats, _padded(lengths, longest.tasks)])
 
 
-def _unpack_stats(indices: Tensor, values: Tensor, sizes: _Sizes, longest: _Sizes) -> tuple[TaskStats, ...]:
+def _pack_stat_values(update: SparseUpdate, layout: StatsLayout, longest: _Sizes, device: torch.device) -> Tensor:
+    """The statistics' values of a rank's tasks, task after task, as [longest entries, value statistics]."""
+    values = [_concat(update, name, layout.value_dtype, device) for name in layout.value_names]
+    return _padded(torch.stack(values, dim=1), longest.entries)
+
+
+def _unpack_stats(
+    indices: Tensor, values: Tensor, layout: StatsLayout, sizes: _Sizes, longest: _Sizes
+) -> tuple[dict[str, Tensor], ...]:
     """One rank's task statistics from its gathered int64 message and values (inverse of the two packs)."""
-    offset = longest.rows + longest.entries
+    offset = longest.rows + longest.entries * len(layout.index_names)
     lengths = indices[offset : offset + sizes.tasks].tolist()
-    rows = indices[longest.rows : longest.rows + sizes.entries].split(lengths)
-    entries = values[: sizes.entries].split(lengths)
-    return tuple(TaskStats(rows=r, grad2d=v[:, 0], radii=v[:, 1]) for r, v in zip(rows, entries, strict=True))
+    columns = {}
+    for i, name in enumerate(layout.index_names):
+        start = longest.rows + i * longest.entries
+        columns[name] = indices[start : start + sizes.entries].split(lengths)
+    for i, name in enumerate(layout.value_names):
+        columns[name] = values[: sizes.entries, i].split(lengths)
+    return tuple({name: parts[t] for name, parts in columns.items()} for t in range(sizes.tasks))
 
 
 @dataclass(frozen=True)
@@ -283,9 +312,11 @@ class DistributedHandle:
         update = _unpack(indices[: sizes.rows], payload.packed[rank][: sizes.rows], self._transport.template)
         if sizes.tasks == 0:
             return update
+        layout = self._transport.stats_layout
         stat_values = payload.stat_values
-        values = indices.new_empty((0, 2), dtype=_STATS_DTYPE) if stat_values is None else stat_values[rank]
-        return dataclasses.replace(update, stats=_unpack_stats(indices, values, sizes, longest))
+        empty = indices.new_empty((0, len(layout.value_names)), dtype=layout.value_dtype)
+        values = empty if stat_values is None else stat_values[rank]
+        return dataclasses.replace(update, stats=_unpack_stats(indices, values, layout, sizes, longest))
 
 
 def _longest(sizes: list[_Sizes]) -> _Sizes:
@@ -328,9 +359,17 @@ class DistributedTransport:
             device (every name must share one dtype).
         timeout: the longest a handle's ``wait`` waits for the row counts (the header), within its own timeout.
         group: the process group (default: the world).
+        stats_schema: per statistic name, its dtype (the render adapter's ``stats_schema``); None if the tasks
+            carry no statistics.
     """
 
-    def __init__(self, template: dict[str, Tensor], timeout: float = 60.0, group: Any = None) -> None:
+    def __init__(
+        self,
+        template: dict[str, Tensor],
+        timeout: float = 60.0,
+        group: Any = None,
+        stats_schema: dict[str, torch.dtype] | None = None,
+    ) -> None:
         dtypes = {ref.dtype for ref in template.values()}
         if len(dtypes) != 1:
             raise ValueError(f"all gradients must share one dtype to be packed, got {dtypes}")
@@ -338,6 +377,7 @@ class DistributedTransport:
         self.timeout = timeout
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.stats_layout = StatsLayout.of(stats_schema)
 
     @property
     def device(self) -> torch.device:
@@ -356,12 +396,15 @@ class DistributedTransport:
         """Issue the payload all_gathers, each padded to the longest of any rank: indices (rows, statistics' rows,
         tasks' entry counts), gradient rows, and the statistics' values when any rank has some."""
         longest = _longest(sizes)
-        indices, indices_work = self._all_gather(_pack_indices(local_update, longest, self.device))
+        layout = self.stats_layout
+        if local_update.stats and not layout.index_names + layout.value_names:
+            raise ValueError("the tasks carry statistics but the transport has no stats_schema")
+        indices, indices_work = self._all_gather(_pack_indices(local_update, layout, longest, self.device))
         packed, packed_work = self._all_gather(_padded(_pack(local_update, self.template), longest.rows))
         works = [indices_work, packed_work]
         values = None
-        if longest.entries:
-            values, values_work = self._all_gather(_pack_stat_values(local_update, longest, self.device))
+        if longest.entries and layout.value_names:
+            values, values_work = self._all_gather(_pack_stat_values(local_update, layout, longest, self.device))
             works.append(values_work)
         return _Payload(sizes, works, indices, packed, values)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-NO_STEP = -1
+from odin_nerfstudio.core.tasks import NO_STEP
 
 
 @dataclass(frozen=True)

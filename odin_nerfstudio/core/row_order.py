@@ -94,3 +94,13 @@ def permute_rows(
     for key, value in (strategy_state or {}).items():
         if per_row(value):
             strategy_state[key] = value.index_select(0, order)
+
+
+def restore_spatial_order(
+    params: dict[str, Tensor], optimizers: dict[str, torch.optim.Optimizer], strategy_state: dict[str, Any] | None
+) -> Tensor:
+    """Permute the model's rows (parameters, optimizer and strategy state) into the Z-order of their centres;
+    returns the order applied, int64 [N] (new row -> old row)."""
+    order = spatial_order(params["means"])
+    permute_rows(params, optimizers, strategy_state, order)
+    return order

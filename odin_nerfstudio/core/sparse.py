@@ -1,8 +1,8 @@
 """A step's sparse update (rows, their summed gradients, the tasks' statistics), and its sum in a fixed order.
 
 Everything Odin stages, exchanges and publishes is a :class:`SparseUpdate`: the sorted rows of the primitives
-a piece of work touched, per parameter name their gradient rows, and the densification statistics of the tasks
-it holds. Sums always run in the order the caller gives (task order within a worker, then worker order), so two
+a piece of work touched, per parameter name their gradient rows, and the statistics of the tasks it holds (per
+task a plain ``dict[str, Tensor]`` whose meaning only the render adapter knows, see ``docs/architecture.md``). Sums always run in the order the caller gives (task order within a worker, then worker order), so two
 runs with the same schedule produce the same bits; statistics are kept per task in that order, not summed, so
 that every replica accumulates them with the same per-task operations as the runtime that made them.
 """
@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import union_sorted
-from odin_nerfstudio.adapter.strategy_stats import TaskStats
 
 
 @dataclass(frozen=True)
@@ -26,17 +25,18 @@ class SparseUpdate:
     Attributes:
         rows: sorted, unique primitive rows, int64 [M].
         grads: per parameter name, gradient rows aligned with ``rows``, [M, ...].
-        stats: per task, in the order of the sum, its densification statistics (tasks without any are absent).
+        stats: per task, in the order of the sum, its statistics: per name a 1-D tensor [M_t] (the render
+            adapter's ``stats_schema``; tasks without any are absent).
     """
 
     rows: Tensor
     grads: dict[str, Tensor]
-    stats: tuple[TaskStats, ...] = ()
+    stats: tuple[dict[str, Tensor], ...] = ()
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the rows, gradient and statistics tensors."""
-        stats = sum(tensor_bytes(t) for s in self.stats for t in (s.rows, s.grad2d, s.radii))
+        stats = sum(tensor_bytes(t) for s in self.stats for t in s.values())
         return tensor_bytes(self.rows) + sum(tensor_bytes(g) for g in self.grads.values()) + stats
 
     def row_magnitude(self) -> Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-NO_STEP = -1
+from odin_nerfstudio.core.tasks import NO_STEP
 
 
 @dataclass

@@ -7,6 +7,7 @@ it is re-run after a validation failure.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,12 @@ import torch
 from odin_nerfstudio.core.camera import Camera
 
 _MASK64 = (1 << 64) - 1
+
+NO_STEP = -1
+"""The step of no step: a row never written or with nothing pending, a conflict check with nothing to wait for."""
+
+TaskKey = tuple[int, int, int]
+"""(step, worker, index) of a task: unique per task, and its place in the step's gradient sum."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +43,31 @@ class Task:
     camera: Camera
 
     @property
-    def key(self) -> tuple[int, int, int]:
+    def key(self) -> TaskKey:
         """(step, worker, index): unique per task, and its order in the step's gradient sum."""
         return (self.step, self.worker, self.index)
+
+
+def step_tasks(
+    step: int, views: Sequence[Sequence[int]], camera_of: Callable[[int], Camera], workers: Sequence[int] | None = None
+) -> list[list[Task]]:
+    """The tasks of one schedule step: the one place a schedule's views become runtime tasks.
+
+    Args:
+        step: the step s.
+        views: per schedule worker, its views of the step in task order.
+        camera_of: the camera of a view.
+        workers: the schedule workers to make tasks for (default: every one); a task's worker id is the worker's
+            position in this list (the runtime's local worker).
+
+    Returns:
+        Per worker of ``workers``, its tasks in task order.
+    """
+    chosen = range(len(views)) if workers is None else workers
+    return [
+        [Task(step, local, index, view, camera_of(view)) for index, view in enumerate(views[worker])]
+        for local, worker in enumerate(chosen)
+    ]
 
 
 def _splitmix64(value: int) -> int:

@@ -13,14 +13,64 @@ structural changes and the end of training.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from odin_nerfstudio.runtime.runtime import OdinRuntime, Wait
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.runtime.runtime import OdinRuntime, Read, Wait
+
+
+@dataclass
+class Worker:
+    """One local worker's place: its step, the tasks of that step still to run, and its admitted read in flight."""
+
+    worker: int
+    step: int = 0
+    remaining: list[Task] = field(default_factory=list)
+    in_flight: Read | None = None
+    last_wait: Wait | None = None
+
+
+def turn(runtime: OdinRuntime, me: Worker) -> bool:
+    """One phase of one task of worker ``me``: finish its read in flight (render, backward, ``after_backward``), or
+    read the first of its remaining tasks that may read (dynamic ordering); returns whether it progressed."""
+    if me.in_flight is not None:
+        runtime.finish(me.in_flight)
+        me.in_flight = None
+        return True
+    if not me.remaining:
+        return False
+    result = runtime.read_next(me.remaining)
+    if isinstance(result, Wait):
+        me.last_wait = result
+        return False
+    me.remaining.remove(result.task)
+    me.in_flight = result
+    return True
+
+
+def plan_short_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]]) -> None:
+    """Declare ``step``'s task counts to the runtime when some worker runs other than B tasks in it."""
+    counts = [len(tasks) for tasks in step_tasks]
+    if counts != [runtime.topology.views_per_worker] * runtime.topology.num_workers:
+        runtime.plan_step(step, counts)
+
+
+def unblock(runtime: OdinRuntime, published: int, progressed: bool, stuck: Callable[[], str]) -> None:
+    """Deadlock detection after a round of turns: if no worker progressed and nothing was published since
+    ``published``, block on the next publication (bounded by ``wait_timeout_s``, a remote rank may still compute);
+    if this process has not sent its part of it either, raise ``RuntimeError(stuck())`` (a bug, never a hang)."""
+    if progressed or runtime.published_through != published:
+        return
+    if not runtime.await_publication(runtime.config.wait_timeout_s):
+        raise RuntimeError(stuck())
 
 
 def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]], read_after: int = -1) -> None:
     """Run the local workers' tasks of ``step`` (``step_tasks[w]``: worker w's tasks, possibly none).
+
+    Workers take turns in worker order, each reading and at once finishing one task per turn (:func:`turn`);
+    :func:`unblock` detects a round in which none could read.
 
     ``read_after``: the last step that must be published before any task of this step reads. A schedule's overlap
     window names the earlier steps a step may run beside; reading beside an older one is optimistic and, when that
@@ -32,34 +82,28 @@ def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task
         TimeoutError: from the transport, naming the step and ranks, when a publication takes longer than
             ``wait_timeout_s``.
     """
-    config = runtime.config
-    if len(step_tasks) != config.num_workers:
-        raise ValueError(f"step {step}: tasks for {len(step_tasks)} workers, the runtime has {config.num_workers}")
+    num_workers = runtime.topology.num_workers
+    if len(step_tasks) != num_workers:
+        raise ValueError(f"step {step}: tasks for {len(step_tasks)} workers, the runtime has {num_workers}")
     for worker, tasks in enumerate(step_tasks):
         if any(task.step != step or task.worker != worker for task in tasks):
             raise ValueError(f"step {step}: worker {worker}'s tasks must have step {step} and worker {worker}")
-    counts = [len(tasks) for tasks in step_tasks]
-    if counts != [config.tasks_per_worker] * config.num_workers:
-        runtime.plan_step(step, counts)
+    plan_short_step(runtime, step, step_tasks)
     await_published(runtime, read_after)
-    remaining = {worker: list(tasks) for worker, tasks in enumerate(step_tasks) if tasks}
-    while remaining:
-        published = runtime.published_through
-        waits: dict[int, Wait] = {}
-        for worker in list(remaining):
-            result = runtime.read_next(remaining[worker])
-            if isinstance(result, Wait):
-                waits[worker] = result
-                continue
-            remaining[worker].remove(result.task)
-            runtime.finish(result)
-            if not remaining[worker]:
-                del remaining[worker]
+    workers = [Worker(w, step, list(tasks)) for w, tasks in enumerate(step_tasks) if tasks]
+
+    def stuck() -> str:
+        waits = {me.worker: (me.last_wait.reason, me.last_wait.step) for me in workers if me.remaining}
+        return f"step {step}: no local worker can read and no publication is pending: {waits}"
+
+    while any(me.remaining for me in workers):
+        published, progressed = runtime.published_through, False
+        for me in workers:
+            if me.remaining and turn(runtime, me):
+                turn(runtime, me)
+                progressed = True
         runtime.progress()
-        stuck = remaining and len(waits) == len(remaining) and runtime.published_through == published
-        if stuck and not runtime.await_publication(config.wait_timeout_s):
-            reasons = {worker: (wait.reason, wait.step) for worker, wait in waits.items()}
-            raise RuntimeError(f"step {step}: no local worker can read and no publication is pending: {reasons}")
+        unblock(runtime, published, progressed, stuck)
     runtime.progress()
 
 

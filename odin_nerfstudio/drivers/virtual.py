@@ -1,9 +1,9 @@
 """Virtual workers: a deterministic single-process driver that runs W simulated workers through the runtime.
 
-Each worker walks its own list of tasks step by step. A turn of a worker does one phase of one task: if it holds
-an admitted read, it finishes it (render, backward, after_backward); otherwise it tries to read the next of its
-remaining tasks of the step (dynamic ordering), and a wait leaves it where it was. The order of turns is the
-interleaving: a given sequence of worker ids (adversarial ones included, e.g. one worker taking many turns while
+Each worker walks its own list of tasks step by step. A turn is the step loop's (``step_loop.turn``): one phase
+of one task, finishing an admitted read or reading the next of the worker's remaining tasks (dynamic ordering);
+short steps and deadlocks are handled by the step loop's pieces too. What this driver adds is the order of the
+turns, the interleaving: a given sequence of worker ids (adversarial ones included, e.g. one worker taking many turns while
 another holds a read in flight, so that it runs ahead by several steps), then round-robin until every step is
 published. The same schedule and interleaving always give the same run.
 
@@ -17,29 +17,19 @@ when no local worker can proceed it blocks on the pending exchange, bounded by t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import Tensor
 
-from odin_nerfstudio.runtime.runtime import OdinRuntime, Read, Wait
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.drivers.step_loop import Worker, plan_short_step, turn, unblock
+from odin_nerfstudio.runtime.runtime import OdinRuntime
 
 Schedule = Sequence[Sequence[Sequence[Task]]]
 """step -> worker -> the worker's B tasks of the step, in task order."""
 StructuralChange = Callable[[OdinRuntime], Tensor]
 """Applies a structural change (gsplat's ops on the runtime's params, optimizers, strategy state) and returns
 its index map, int64 [N_new] (new row -> old row, -1 fresh)."""
-
-
-@dataclass
-class VirtualWorker:
-    """One simulated worker's position: its next step, the tasks of it still to run, and its read in flight."""
-
-    worker: int
-    step: int = 0
-    remaining: list[Task] = field(default_factory=list)
-    in_flight: Read | None = None
-    last_wait: Wait | None = None
 
 
 @dataclass
@@ -51,16 +41,12 @@ class VirtualRunReport:
 
 
 def _turn(
-    runtime: OdinRuntime,
-    schedule: Schedule,
-    workers: list[VirtualWorker],
-    me: VirtualWorker,
-    changes: dict[int, StructuralChange],
+    runtime: OdinRuntime, schedule: Schedule, workers: list[Worker], me: Worker, changes: dict[int, StructuralChange]
 ) -> bool:
-    """One turn of worker ``me``; returns whether anything progressed."""
+    """One turn of worker ``me`` (the step loop's :func:`turn`, moving it along the schedule); returns whether
+    anything progressed."""
     if me.in_flight is not None:
-        runtime.finish(me.in_flight)
-        me.in_flight = None
+        turn(runtime, me)
         if not me.remaining:
             me.step += 1
         return True
@@ -79,13 +65,7 @@ def _turn(
         if not me.remaining:
             me.step += 1
             return True
-    result = runtime.read_next(me.remaining)
-    if isinstance(result, Wait):
-        me.last_wait = result
-        return False
-    me.remaining.remove(result.task)
-    me.in_flight = result
-    return True
+    return turn(runtime, me)
 
 
 def run_virtual(
@@ -97,7 +77,7 @@ def run_virtual(
     """Run every task of ``schedule`` on W virtual workers in the given interleaving, then round-robin.
 
     Args:
-        runtime: the runtime (its config's num_workers and tasks_per_worker match the schedule).
+        runtime: the runtime (its topology's W and B match the schedule).
         schedule: step -> worker -> the worker's tasks of the step (B, fewer in a short step; the driver
             declares such steps with ``plan_step``).
         interleaving: worker ids, one per turn, taken before the round-robin that finishes the run.
@@ -107,12 +87,10 @@ def run_virtual(
         Turn counts. Raises if no worker can proceed and no exchange is pending (a deadlock is a bug, never a
         hang); a pending exchange that does not complete raises the transport's TimeoutError.
     """
-    num_workers = runtime.config.num_workers
+    num_workers = runtime.topology.num_workers
     for step, per_worker in enumerate(schedule):
-        counts = [len(tasks) for tasks in per_worker]
-        if counts != [runtime.config.tasks_per_worker] * num_workers:
-            runtime.plan_step(step, counts)
-    workers = [VirtualWorker(w) for w in range(num_workers)]
+        plan_short_step(runtime, step, per_worker)
+    workers = [Worker(w) for w in range(num_workers)]
     changes = dict(structural_changes or {})
     report = VirtualRunReport()
 
@@ -123,13 +101,14 @@ def run_virtual(
         report.blocked_turns += not progressed
         return progressed
 
+    def stuck() -> str:
+        waits = {w.worker: (w.step, w.last_wait.reason if w.last_wait else None) for w in workers}
+        return f"virtual workers deadlocked at published step {runtime.published_through}: {waits}"
+
     for worker in interleaving:
         take(worker % num_workers)
     while runtime.published_through < len(schedule) - 1:
         published = runtime.published_through
         progressed = [take(w) for w in range(num_workers)]
-        stuck = not any(progressed) and runtime.published_through == published
-        if stuck and not runtime.await_publication(runtime.config.wait_timeout_s):
-            waits = {w.worker: (w.step, w.last_wait.reason if w.last_wait else None) for w in workers}
-            raise RuntimeError(f"virtual workers deadlocked at published step {runtime.published_through}: {waits}")
+        unblock(runtime, published, any(progressed), stuck)
     return report

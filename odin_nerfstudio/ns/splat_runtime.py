@@ -4,7 +4,7 @@ The runtime (core, no nerfstudio) sees a task only through a render function of 
 supplies it from the model: splatfacto's image (render + random background + clamp) and loss (L1 and SSIM
 against the view's cached image), with the background drawn from the task's own generator, so any worker, any
 order and any re-run draw the same colour. Densification follows gsplat's DefaultStrategy with the statistics
-the runtime accumulates per task and the edits applied behind its drain barrier (`refine.py`).
+the runtime accumulates per task and the edits applied behind its drain barrier (`adapter/gsplat.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import CullRegion
 from odin_nerfstudio.ns.model import OdinSplatModel, get_viewmat
 from odin_nerfstudio.rendering.rasterize import drawn_rows
-from odin_nerfstudio.adapter.refine import apply_structural_change, structural_change_due
-from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime, OdinRuntimeConfig
+from odin_nerfstudio.adapter.gsplat import GsplatAdapter, apply_structural_change, structural_change_due
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
+from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime
 from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
-from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.core.tasks import Task, TaskKey, step_tasks
 from odin_nerfstudio.comm.transport import Transport, VirtualTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
 
@@ -73,7 +74,7 @@ class SplatTaskRenderer:
             raise ValueError(f"The Odin runtime does not support {', '.join(enabled)} yet; disable it.")
         self.model = model
         self.images = images
-        self.losses: dict[tuple[int, int, int], Tensor] = {}
+        self.losses: dict[TaskKey, Tensor] = {}
 
     def background(self, generator: torch.Generator) -> Tensor:
         """The task's background colour [3]: random from its generator, or the configured colour."""
@@ -141,25 +142,28 @@ def build_runtime(
     transports: Sequence[Transport] | None = None,
     check_escapes: bool = True,
     start_step: int = 0,
+    topology: Topology | None = None,
+    seed: int = 0,
 ) -> OdinRuntime:
     """An Odin runtime that trains `model.gauss_params` in place with `optimizers` (one selective Adam per
     Gaussian parameter) and the model's strategy; its statistics start from zero.
 
-    Without `transports`, the W workers of `config` share one in-process (virtual) transport. With
+    Without `transports`, the W workers of `topology` (default: one) share one in-process (virtual) transport;
+    every random draw of a task derives from `seed`. With
     `check_escapes`, every task is validated against the rows the rasterizer would draw outside its candidate
     set (a projection of the rows of its drawable region outside C(t), see `SplatTaskRenderer.drawable`); an
     escape is counted and, in quality-first, re-run. `start_step` > 0 resumes after a checkpoint of step
     `start_step` - 1 (see `OdinRuntime`).
     """
     params = model.gauss_params
+    topology = topology if topology is not None else Topology()
     if transports is None:
-        virtual = VirtualTransport(config.num_workers, params)
-        transports = [virtual.endpoint(w) for w in range(config.num_workers)]
+        virtual = VirtualTransport(topology.num_workers, params)
+        transports = [virtual.endpoint(w) for w in range(topology.num_workers)]
     missing = [name for name in GAUSSIAN_PARAMS if not isinstance(optimizers.get(name), SelectiveAdam)]
     if missing:
         raise ValueError(f"the runtime needs a SelectiveAdam for each Gaussian parameter; missing for {missing}")
     model.strategy_state = model.strategy.initialize_state(scene_scale=1.0)
-    config.absgrad = model.strategy.absgrad
     renderer = SplatTaskRenderer(model, images)
     return OdinRuntime(
         config,
@@ -170,13 +174,16 @@ def build_runtime(
         visibility_fn=EscapeCheck(renderer.visible, renderer.drawable) if check_escapes else None,
         strategy_state=model.strategy_state,
         start_step=start_step,
+        adapter=GsplatAdapter(packed=False, absgrad=model.strategy.absgrad),
+        topology=topology,
+        seed=seed,
     )
 
 
 def structural_change(model: OdinSplatModel, runtime: OdinRuntime, step: int) -> Tensor:
     """The densify / prune / reset gsplat would make after `step`, applied to the runtime's model (seeded by the
     runtime's seed); returns the index map for `OdinRuntime.remap`."""
-    state, seed = runtime.strategy_state, runtime.config.seed
+    state, seed = runtime.strategy_state, runtime.seed
     return apply_structural_change(model.strategy, runtime.params, runtime.optimizers, state, step, seed)
 
 
@@ -195,13 +202,7 @@ def schedule_tasks(
     """Runtime tasks of consecutive schedule steps: step -> worker -> tasks, from each step's views per worker."""
     views = {view for step in steps for worker in step for view in worker}
     camera_of = {view: odin_camera(cameras, view, device) for view in views}
-    return [
-        [
-            [Task(first_step + s, w, b, view, camera_of[view]) for b, view in enumerate(worker)]
-            for w, worker in enumerate(step)
-        ]
-        for s, step in enumerate(steps)
-    ]
+    return [step_tasks(first_step + s, step, camera_of.__getitem__) for s, step in enumerate(steps)]
 
 
 def train_virtual(
@@ -211,24 +212,22 @@ def train_virtual(
     learning_rates: dict[str, float],
     interleaving: Iterable[int] = (),
     device: str = "cpu",
+    seed: int = 0,
 ) -> tuple[VanillaPipeline, OdinRuntime]:
     """Train an odin-splat pipeline for `num_steps` schedule steps on W virtual workers in one process.
 
-    The pipeline's datamanager must be an OdinDatamanager whose schedule has W = runtime_config.num_workers;
-    the model is initialised under `torch.manual_seed(runtime_config.seed)`, so two calls that differ only in
-    mode or interleaving start from the same Gaussians (the ablations and equivalence checks compare them).
+    W and B come from the pipeline's OdinDatamanager schedule; the model is initialised under
+    `torch.manual_seed(seed)`, so two calls that differ only in mode or interleaving start from the same Gaussians
+    (the ablations and equivalence checks compare them).
     """
-    torch.manual_seed(runtime_config.seed)
+    torch.manual_seed(seed)
     pipeline = pipeline_config.setup(device=device, test_mode="val", world_size=1, local_rank=0)
     datamanager, model = pipeline.datamanager, pipeline.model
-    if datamanager.schedule.config.num_workers != runtime_config.num_workers:
-        raise ValueError(
-            f"the schedule has {datamanager.schedule.config.num_workers} workers, the runtime "
-            f"{runtime_config.num_workers}: set the datamanager's num_workers to the runtime's"
-        )
     model.train()
     images = [datamanager.cached_train[i]["image"] for i in range(len(datamanager.cached_train))]
-    runtime = build_runtime(model, images, runtime_config, selective_adams(model.gauss_params, learning_rates))
+    optimizers = selective_adams(model.gauss_params, learning_rates)
+    topology = Topology.of(datamanager.schedule.config)
+    runtime = build_runtime(model, images, runtime_config, optimizers, topology=topology, seed=seed)
     steps = [datamanager.schedule.at(s).tasks for s in range(num_steps)]
     tasks = schedule_tasks(steps, datamanager.train_dataset.cameras, device=str(model.device))
     run_virtual(runtime, tasks, interleaving, structural_changes(model, num_steps))

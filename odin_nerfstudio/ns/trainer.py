@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Type
 
@@ -45,7 +44,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.link import InterconnectName
 from odin_nerfstudio.core.timeline_metrics import TimelineMeter, live_scalars
-from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 
 TIMELINE_FILENAME = "odin_timeline.json"
@@ -135,18 +134,20 @@ class OdinTrainer(Trainer):
         self.runtime = build_runtime(
             model,
             images,
-            self._runtime_config(),
+            self.config.runtime,
             self.optimizers.optimizers,
             self._transports(),
             self.config.check_escapes,
             start_step=self._start_step,
+            topology=self._topology(),
+            seed=self.config.machine.seed,
         )
         runtime = self.runtime
         restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
         self._cameras: dict = {}
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
-        if self.world_size == 1 and self.runtime.config.num_workers > 1:
-            CONSOLE.log(f"Odin: {self.runtime.config.num_workers} virtual workers in this process")
+        if self.world_size == 1 and self.runtime.topology.num_workers > 1:
+            CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
 
     def setup_optimizers(self) -> Optimizers:
         """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only."""
@@ -160,31 +161,20 @@ class OdinTrainer(Trainer):
             )
         return super().setup_optimizers()
 
-    def _runtime_config(self) -> OdinRuntimeConfig:
-        """The runtime's config: the user's options with the schedule's workers and views and the machine seed."""
-        options = self.config.runtime
-        default = OdinRuntimeConfig()
-        if (options.num_workers, options.tasks_per_worker) != (default.num_workers, default.tasks_per_worker):
-            raise ValueError(
-                "set workers and views per step on the datamanager (--pipeline.datamanager.num-workers, "
-                "--pipeline.datamanager.views-per-step), not on the runtime"
-            )
+    def _topology(self) -> Topology:
+        """W and B of this process's runtime, from the schedule: its local workers and their views per step."""
         schedule = self.pipeline.datamanager.schedule.config
         if self.world_size > 1 and schedule.num_workers != self.world_size:
             raise ValueError(
                 f"a distributed run needs one schedule worker per process: num_workers = {schedule.num_workers}, "
                 f"world size {self.world_size}; leave --pipeline.datamanager.num-workers unset"
             )
-        return dataclasses.replace(
-            options,
-            num_workers=len(self.local_workers),
-            tasks_per_worker=schedule.views_per_worker,
-            seed=self.config.machine.seed,
-        )
+        return Topology.of(schedule, local_workers=len(self.local_workers))
 
     def _transports(self) -> list | None:
         """One torch.distributed transport per process in a distributed run; None (in-process) otherwise; behind
         the `interconnect` link model when one is chosen (then in-process workers get their linked endpoints)."""
+        from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
         from odin_nerfstudio.comm.link import link_preset, linked_distributed, linked_virtual
         from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
 
@@ -192,7 +182,8 @@ class OdinTrainer(Trainer):
         params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
         if self.world_size == 1:
             return None if link is None else linked_virtual(VirtualTransport(len(self.local_workers), params), link)
-        transport = DistributedTransport(params, timeout=self.config.runtime.wait_timeout_s)
+        timeout = self.config.runtime.wait_timeout_s
+        transport = DistributedTransport(params, timeout=timeout, stats_schema=STATS_SCHEMA)
         return [transport if link is None else linked_distributed(transport, link)]
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:
@@ -219,27 +210,14 @@ class OdinTrainer(Trainer):
             optimizer.state[new] = state or {}
             optimizer._state_of(new)
 
-    def _step_tasks(self, step: int, views: Sequence[Sequence[int]]) -> list:
-        """The local workers' tasks of step ``step`` (``views[w]``: worker w's views; ids are local positions)."""
-        return [
-            [self._task(step, local, index, view) for index, view in enumerate(views[worker])]
-            for local, worker in enumerate(self.local_workers)
-        ]
-
-    def _remote_tasks(self, step: int, views: Sequence[Sequence[int]]) -> list:
-        """The tasks other processes run in step ``step`` (worker ids are the schedule's)."""
-        remote = [worker for worker in range(len(views)) if worker not in self.local_workers]
-        return [self._task(step, worker, index, view) for worker in remote for index, view in enumerate(views[worker])]
-
-    def _task(self, step: int, worker: int, index: int, view: int):
-        """A runtime task of ``view`` (its camera built once per view)."""
+    def _camera(self, view: int):
+        """The runtime camera of ``view``, built once per view."""
         from odin_nerfstudio.ns.splat_runtime import odin_camera
-        from odin_nerfstudio.core.tasks import Task
 
         if view not in self._cameras:
             cameras = self.pipeline.datamanager.train_dataset.cameras
             self._cameras[view] = odin_camera(cameras, view, self.pipeline.model.device)
-        return Task(step, worker, index, view, self._cameras[view])
+        return self._cameras[view]
 
     def train_iteration(self, step: int):
         """Schedule step ``step``: a structural change due after step - 1, then the local tasks through the runtime.
@@ -248,7 +226,8 @@ class OdinTrainer(Trainer):
         count and the runtime's counters so far.
         """
         from odin_nerfstudio.ns.splat_runtime import structural_change
-        from odin_nerfstudio.adapter.refine import structural_change_due
+        from odin_nerfstudio.adapter.gsplat import structural_change_due
+        from odin_nerfstudio.core.tasks import step_tasks
         from odin_nerfstudio.drivers.step_loop import run_step, settle
 
         model, runtime = self.pipeline.model, self.runtime
@@ -258,8 +237,9 @@ class OdinTrainer(Trainer):
         plan = self.pipeline.datamanager.schedule.at(step)
         read_after = step - len(plan.overlap_window) - 1 if self.config.follow_overlap_window else -1
         if self.config.expect_remote_writes:
-            runtime.expect(self._remote_tasks(step, plan.tasks))
-        run_step(runtime, step, self._step_tasks(step, plan.tasks), read_after)
+            remote = [worker for worker in range(len(plan.tasks)) if worker not in self.local_workers]
+            runtime.expect([task for tasks in step_tasks(step, plan.tasks, self._camera, remote) for task in tasks])
+        run_step(runtime, step, step_tasks(step, plan.tasks, self._camera, self.local_workers), read_after)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)

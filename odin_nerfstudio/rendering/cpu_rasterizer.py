@@ -4,7 +4,7 @@ Why: Odin's runtime, its tests and CI run on machines without a GPU, yet must tr
 CUDA kernels train. This module reproduces gsplat's non-packed, pinhole path with torch ops only, so autograd
 gives the backward pass and the `info` dict feeds gsplat's strategies unchanged.
 
-What it reproduces (from gsplat's CUDA kernels, not only from its `_torch_impl.py` references):
+What it reproduces (from gsplat's CUDA kernels, not only from its pure-torch reference module):
 - projection: gsplat's `_quat_scale_to_covar_preci`, `_world_to_cam` and `_persp_proj` (EWA Jacobian with the
   field-of-view clamp), then the kernel's own last step: `eps2d` blur, antialiased compensation
   `sqrt(det / det_blur)`, radius `ceil(3 sqrt(lambda_max))`, culling of `z < near_plane`, `z > far_plane`,
@@ -34,9 +34,10 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from gsplat.cuda._torch_impl import _persp_proj, _quat_scale_to_covar_preci, _spherical_harmonics, _world_to_cam
 from torch import Tensor
 from typing_extensions import Literal
+
+from odin_nerfstudio.adapter.gsplat import _persp_proj, _quat_scale_to_covar_preci, _spherical_harmonics, _world_to_cam
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 RASTERIZE_MODES = ("classic", "antialiased")

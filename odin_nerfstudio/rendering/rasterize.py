@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from typing_extensions import Literal
 
+from odin_nerfstudio.adapter.gsplat import _quat_scale_to_covar_preci, fully_fused_projection
 from odin_nerfstudio.rendering import cpu_rasterizer
 from odin_nerfstudio.core.camera import Camera
 
@@ -163,8 +164,6 @@ def projected_radii(
     to check that a task's active set did not escape its candidate set.
     """
     if means.is_cuda:
-        from gsplat.cuda._wrapper import fully_fused_projection
-
         radii, *_ = fully_fused_projection(
             means,
             None,
@@ -183,8 +182,6 @@ def projected_radii(
         return radii
     if means.device.type != "cpu":
         raise ValueError(f"projected_radii runs on CPU or CUDA tensors, got {means.device}")
-    from gsplat.cuda._torch_impl import _quat_scale_to_covar_preci
-
     covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False)
     radii, *_ = cpu_rasterizer.project(
         means, covars, viewmats, Ks, width, height, near_plane, far_plane, radius_clip, eps2d, False

@@ -17,8 +17,8 @@ from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import StepRows, union_sorted
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
+from odin_nerfstudio.core.tasks import TaskKey
 
-TaskKey = tuple[int, int, int]
 MEMORY_KINDS = ("leaves", "grads", "staged", "candidates")
 """What :class:`MemoryMeter` tells apart: gathered rows, their gradients, staged updates, declared candidate sets."""
 
@@ -181,6 +181,25 @@ class ShadowGraph:
         slot.changed()
         self.memory.add(update.nbytes, "staged")
 
+    def stage_task(
+        self, key: TaskKey, candidate: Tensor, leaves: dict[str, Tensor], active: Tensor, stats: tuple = ()
+    ) -> None:
+        """Stage a task's active set after backward and free its leaves.
+
+        Args:
+            key: the task.
+            candidate: its C(t), sorted int64 [M] (the rows of ``leaves``).
+            leaves: per name, its gathered leaves [M, ...] with their gradients.
+            active: positions in C(t) of A(t), sorted int64 [A]: the rows staged, with their gradient rows.
+            stats: the task's statistics (none, or one dict).
+        """
+        grads = {
+            name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
+            for name, leaf in leaves.items()
+        }
+        self.stage(key, SparseUpdate(candidate.index_select(0, active), grads, stats))
+        self.release(leaves)
+
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
         """A worker's contribution to ``step``: its staged updates summed (statistics listed) in task order; empty
         for a worker with no task in the step."""
@@ -198,6 +217,18 @@ class ShadowGraph:
         self.memory.add(-sum(tensor_bytes(rows) for rows in declared), "candidates")
         self.slots[step % self.ring_slots] = None
         return slot
+
+
+    def memory_report(self, params: dict[str, Tensor]) -> dict[str, int]:
+        """Peak and current bytes of gathered plus staged tensors, the peak's make-up (``peak_{kind}_bytes`` for
+        kind in :data:`MEMORY_KINDS`: they sum to the peak), and the bytes of the model ``params``."""
+        meter = self.memory
+        return {
+            "peak_extra_bytes": meter.peak,
+            "current_extra_bytes": meter.current,
+            "model_bytes": model_bytes(params),
+            **{f"peak_{kind}_bytes": meter.at_peak.get(kind, 0) for kind in MEMORY_KINDS},
+        }
 
 
 def model_bytes(params: dict[str, Tensor]) -> int:

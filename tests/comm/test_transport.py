@@ -19,12 +19,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from gsplat.strategy import DefaultStrategy
 
-from odin_nerfstudio.adapter.refine import apply_structural_change
+from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA, apply_structural_change
+from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig, RenderFn
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.drivers.step_loop import run_step, settle
-from odin_nerfstudio.adapter.strategy_stats import TaskStats
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.comm.transport import DistributedTransport, Transport, VirtualTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
@@ -59,11 +59,11 @@ def local_update(step: int, worker: int) -> SparseUpdate:
     for _ in range((step + worker) % 3):
         entries = int(torch.randint(0, 6, (1,), generator=generator))
         stats.append(
-            TaskStats(
-                rows=torch.randint(0, N, (entries,), generator=generator),
-                grad2d=torch.rand(entries, generator=generator),
-                radii=torch.rand(entries, generator=generator),
-            )
+            {
+                "rows": torch.randint(0, N, (entries,), generator=generator),
+                "grad2d": torch.rand(entries, generator=generator),
+                "radii": torch.rand(entries, generator=generator),
+            }
         )
     return SparseUpdate(rows, grads, tuple(stats))
 
@@ -74,7 +74,8 @@ def assert_same(a: SparseUpdate, b: SparseUpdate) -> None:
         assert torch.equal(a.grads[name], b.grads[name]), name
     assert len(a.stats) == len(b.stats)
     for ours, theirs in zip(a.stats, b.stats, strict=True):
-        assert all(torch.equal(getattr(ours, k), getattr(theirs, k)) for k in ("rows", "grad2d", "radii"))
+        assert ours.keys() == theirs.keys() == STATS_SCHEMA.keys()
+        assert all(torch.equal(ours[k], theirs[k]) for k in STATS_SCHEMA)
 
 
 def test_virtual_transport_merges_in_worker_order_and_times_out_by_name() -> None:
@@ -99,10 +100,10 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-        transport = DistributedTransport(template(), timeout=30.0)
+        transport = DistributedTransport(template(), timeout=30.0, stats_schema=STATS_SCHEMA)
         handles = [transport.start_exchange(step, local_update(step, rank)) for step in range(STEPS)]
         merged = [handle.wait(timeout=30.0) for handle in handles]
-        saved = [(m.rows, m.grads, [(s.rows, s.grad2d, s.radii) for s in m.stats]) for m in merged]
+        saved = [(m.rows, m.grads, list(m.stats)) for m in merged]
         torch.save(saved, Path(out_dir) / f"merged{rank}.pt")
         if rank == 0:
             handle = transport.start_exchange(STEPS, local_update(STEPS, 0))
@@ -129,7 +130,7 @@ def test_gloo_transport_merges_like_sum_in_order_and_names_its_timeouts(tmp_path
         merged = torch.load(tmp_path / f"merged{rank}.pt")
         for step, (rows, grads, stats) in enumerate(merged):
             expected = sum_in_order([local_update(step, w) for w in range(2)], template())
-            assert_same(SparseUpdate(rows, grads, tuple(TaskStats(*s) for s in stats)), expected)
+            assert_same(SparseUpdate(rows, grads, tuple(stats)), expected)
     status, message = (tmp_path / "timeout.txt").read_text().split("\n", 1)
     done, waited = status.split()
     assert done == "False" and float(waited) < 10.0, "the wait is bounded by its own timeout, not the transport's"
@@ -189,16 +190,17 @@ def train(name: str, mode: str, rank: int | None) -> dict[str, torch.Tensor]:
         transports: list[Transport] = [virtual.endpoint(w) for w in range(2)]
         schedule = run.schedule()
     else:
-        workers, transports = 1, [DistributedTransport(params, timeout=60.0)]
+        workers, transports = 1, [DistributedTransport(params, timeout=60.0, stats_schema=STATS_SCHEMA)]
         schedule = [[[dataclasses.replace(task, worker=0) for task in step[rank]]] for step in run.schedule()]
     state = DENSIFY.initialize_state(scene_scale=10.0) if run.densify else None
     runtime = OdinRuntime(
-        OdinRuntimeConfig(mode=mode, num_workers=workers, tasks_per_worker=run.per_worker, wait_timeout_s=60.0),
+        OdinRuntimeConfig(mode=mode, wait_timeout_s=60.0),
         params,
         selective_adams(params, {name: lr * run.lr_scale for name, lr in LRS.items()}),
         transports,
         render_gsplat if run.densify else render,
         strategy_state=state,
+        topology=Topology(workers, run.per_worker),
     )
     out = {}
 
@@ -348,7 +350,7 @@ def test_a_fast_rank_renders_its_next_step_while_a_slow_rank_still_renders(tmp_p
     fast = results[0]
     assert fast["waits"] == {}, "rank 0's step-1 read should never wait"
     assert fast["comm_ns"] >= 0.5 * SLOW_S * 1e9 > fast["bookkeeping_ns"]
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier", num_workers=2), make_params())
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), topology=Topology(2))
     run_virtual(barrier, overlap_schedule())
     for result in results:
         assert_identical(result["snapshot"], snapshot(barrier))

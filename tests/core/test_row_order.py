@@ -11,7 +11,7 @@ from gsplat.strategy import DefaultStrategy
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.core.row_order import morton_codes, permute_rows, spatial_order
-from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.scenes.synth import look_at, street_world
 from odin_nerfstudio.drivers.virtual import run_virtual
@@ -91,8 +91,10 @@ def test_spatial_order_changes_nothing_but_the_row_order() -> None:
     """
     results = {}
     for ordered in (False, True):
-        config = OdinRuntimeConfig(mode="barrier", num_workers=2, tasks_per_worker=1, spatial_order=ordered)
-        runtime = make_runtime(config, make_params(), render_fn=render_gsplat, lr_scale=DENSE["lr_scale"])
+        config = OdinRuntimeConfig(mode="barrier", spatial_order=ordered)
+        runtime = make_runtime(
+            config, make_params(), render_fn=render_gsplat, lr_scale=DENSE["lr_scale"], topology=Topology(2, 1)
+        )
         run_virtual(runtime, schedule_of(DENSE, 2, 1))
         results[ordered] = snapshot(runtime)
     order = spatial_order(make_params()["means"])

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.drivers.step_loop import run_step, settle
@@ -39,7 +40,7 @@ def _rank(rank: int, init_file: str, out_dir: str, gated: bool, expect: bool) ->
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
         params = make_params()
         runtime = OdinRuntime(
-            OdinRuntimeConfig(mode="quality", num_workers=1, record_reads=True, wait_timeout_s=60.0),
+            OdinRuntimeConfig(mode="quality", record_reads=True, wait_timeout_s=60.0),
             params,
             selective_adams(params, {name: lr * LR_SCALE for name, lr in LRS.items()}),
             [DistributedTransport(params, timeout=60.0)],
@@ -69,7 +70,7 @@ def train(tmp_path: Path, gated: bool, expect: bool = False) -> tuple[dict[int, 
     assert not errors, errors
     marks = {int(step): mark for step, mark in json.loads((tmp_path / "marks0.json").read_text()).items()}
     final = torch.load(tmp_path / "snapshot0.pt")
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier", num_workers=2), make_params(), lr_scale=LR_SCALE)
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(final, snapshot(barrier))
     return marks, final

@@ -83,7 +83,7 @@ def test_quality_equals_barrier_in_the_trainer_across_a_densification(
     quality = train(trainer_config(street, tmp_path / "q", 42, **DENSIFY))
     barrier = train(trainer_config(street, tmp_path / "b", 42, mode="barrier", **DENSIFY))
     assert torch.get_num_threads() == default_torch_threads > 1
-    assert quality.runtime.config.num_workers == 2 and quality.runtime.published_through == 41
+    assert quality.runtime.topology.num_workers == 2 and quality.runtime.published_through == 41
     seeded = quality.pipeline.datamanager.train_dataparser_outputs.metadata["points3D_xyz"].shape[0]
     assert quality.pipeline.model.num_points != seeded, "the densification at step 40 changed the Gaussians"
     assert_identical(snapshot(quality), snapshot(barrier))

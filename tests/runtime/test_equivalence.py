@@ -18,7 +18,7 @@ from odin_nerfstudio.ns.datamanager import OdinDatamanagerConfig
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
 from odin_nerfstudio.ns.splat_runtime import splat_learning_rates, train_virtual
-from odin_nerfstudio.adapter.refine import refine_due, reset_due
+from odin_nerfstudio.adapter.gsplat import refine_due, reset_due
 from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.conftest import real_scene
@@ -69,7 +69,7 @@ def test_quality_first_is_bit_identical_to_barrier(
     config = pipeline_config(scene, workers, scale)
     lrs = splat_learning_rates(odin_splat_optimizers())
     baseline, baseline_runtime = train_virtual(
-        config, OdinRuntimeConfig(mode="barrier", num_workers=workers), STEPS, lrs
+        config, OdinRuntimeConfig(mode="barrier"), STEPS, lrs
     )
     strategy = baseline.model.strategy
     assert any(refine_due(strategy, s) for s in range(STEPS - 1)) and any(
@@ -82,7 +82,7 @@ def test_quality_first_is_bit_identical_to_barrier(
     conflicts = 0
     for name, turns in interleavings(workers).items():
         pipeline, runtime = train_virtual(
-            config, OdinRuntimeConfig(mode="quality", num_workers=workers), STEPS, lrs, turns
+            config, OdinRuntimeConfig(mode="quality"), STEPS, lrs, turns
         )
         actual = snapshot(runtime)
         assert actual.keys() == expected.keys()
@@ -99,7 +99,7 @@ def test_escapes_from_too_narrow_candidate_sets_are_caught_and_rerun(default_tor
     counted as an escape and re-run on its widened set, so quality-first still equals the barrier baseline."""
     config = pipeline_config(real_scene("kermit_320"), 2, 0.25)
     lrs = splat_learning_rates(odin_splat_optimizers())
-    narrow = {"num_workers": 2, "candidate_margin": -0.3}
+    narrow = {"candidate_margin": -0.3}
     baseline, baseline_runtime = train_virtual(config, OdinRuntimeConfig(mode="barrier", **narrow), 20, lrs)
     pipeline, runtime = train_virtual(config, OdinRuntimeConfig(mode="quality", **narrow), 20, lrs, [1] * 30)
     assert runtime.counters.validation_failures.get("escape", 0) > 0

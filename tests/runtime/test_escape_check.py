@@ -12,6 +12,7 @@ from torch import Tensor
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.rendering.rasterize import drawn_rows
+from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntimeConfig
 from odin_nerfstudio.scenes.synth import intrinsics, street_rig_cameras, street_world
 from odin_nerfstudio.core.tasks import Task
@@ -115,7 +116,7 @@ def gsplat_visibility(task: Task, rows: dict[str, Tensor]) -> Tensor:
 
 
 def recorded(escaped, found: list[Tensor]):
-    """``runtime._escaped`` that also appends each answer to ``found``."""
+    """An escape check (``Validator.find_escapes``) that also appends each answer to ``found``."""
 
     def record(task: Task, candidate: Tensor) -> Tensor:
         found.append(escaped(task, candidate))
@@ -134,9 +135,12 @@ def test_escape_check_finds_the_escapes_of_the_full_projection() -> None:
         "drawable rows": EscapeCheck(gsplat_visibility, lambda task: CullRegion.drawable(task.camera)),
     }.items():
         for mode, turns in (("barrier", []), ("quality", [1] * 12)):
-            config = OdinRuntimeConfig(mode=mode, num_workers=2, candidate_margin=-0.35)
-            runtime = make_runtime(config, make_params(80), render_fn=render_gsplat, visibility_fn=check)
-            runtime._escaped = recorded(runtime._escaped, escapes.setdefault((name, mode), []))
+            config = OdinRuntimeConfig(mode=mode, candidate_margin=-0.35)
+            runtime = make_runtime(
+                config, make_params(80), render_fn=render_gsplat, visibility_fn=check, topology=Topology(2)
+            )
+            validator = runtime.validator
+            validator.find_escapes = recorded(validator.find_escapes, escapes.setdefault((name, mode), []))
             run_virtual(runtime, make_schedule(4, 2, 1, 6), turns)
             results[(name, mode)] = (snapshot(runtime), runtime.counters.validation_failures.get("escape", 0))
     for mode in ("barrier", "quality"):

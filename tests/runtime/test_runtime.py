@@ -18,12 +18,14 @@ from hypothesis import strategies as st
 from odin_nerfstudio.culling.candidates import candidate_set
 from odin_nerfstudio.rendering.rasterize import rasterization
 from odin_nerfstudio.core.row_order import permute_rows, spatial_order
+from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig, Read, Wait
 from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.runtime.shadow import MEMORY_KINDS, ShadowGraph
+from odin_nerfstudio.runtime.validation import Validator
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.core.tables import index_map_from_uid
-from odin_nerfstudio.core.tasks import Task, task_generator
+from odin_nerfstudio.core.tasks import Task, TaskKey, task_generator
 from odin_nerfstudio.comm.transport import VirtualTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
 from tests.toy_scene import (
@@ -80,10 +82,11 @@ def run(mode: str, scene: dict, workers: int, per_worker: int, interleaving=(), 
     """A fresh model trained on virtual workers; returns the runtime (``visibility_fn`` goes to the runtime)."""
     visibility_fn = config.pop("visibility_fn", None)
     runtime = make_runtime(
-        OdinRuntimeConfig(mode=mode, num_workers=workers, tasks_per_worker=per_worker, **config),
+        OdinRuntimeConfig(mode=mode, **config),
         make_params(),
         lr_scale=scene["lr_scale"],
         visibility_fn=visibility_fn,
+        topology=Topology(workers, per_worker),
     )
     run_virtual(runtime, schedule_of(scene, workers, per_worker, steps), interleaving)
     return runtime
@@ -176,7 +179,7 @@ def test_short_last_steps_quality_equals_barrier(interleaving: str) -> None:
     assert [len(tasks) for tasks in schedule[2]] == [1, 0]
     results = {}
     for mode, turns in (("barrier", []), ("quality", adversarial(2)[interleaving])):
-        runtime = make_runtime(OdinRuntimeConfig(mode=mode, num_workers=2), make_params())
+        runtime = make_runtime(OdinRuntimeConfig(mode=mode), make_params(), topology=Topology(2))
         run_virtual(runtime, schedule, turns)
         results[mode] = snapshot(runtime)
     assert_identical(results["quality"], results["barrier"])
@@ -219,7 +222,7 @@ def test_a_runtime_without_a_task_in_a_step_sends_an_empty_update_in_step_order(
 
 
 def test_plan_step_needs_one_count_per_worker() -> None:
-    runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=2), make_params())
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params(), topology=Topology(2))
     runtime.plan_step(0, [0, 0])
     for counts in ([1], [1, -1]):
         with pytest.raises(ValueError, match="one task count"):
@@ -228,13 +231,13 @@ def test_plan_step_needs_one_count_per_worker() -> None:
 
 def test_without_validation_an_adversarial_run_diverges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: skipping the validation re-runs breaks bit-equality, so the equality tests would notice."""
-    monkeypatch.setattr(OdinRuntime, "_validate", lambda self, task: ([], torch.empty(0, dtype=torch.int64)))
+    monkeypatch.setattr(Validator, "validate", lambda self, task, record: ([], torch.empty(0, dtype=torch.int64)))
     runtime = run("quality", SPARSE, 2, 2, [1] * 40)
     reference = barrier_snapshot("sparse", 2, 2)
     assert any(not torch.equal(value, reference[key]) for key, value in snapshot(runtime).items())
 
 
-def changed_rows_since_read(runtime: OdinRuntime, key: tuple[int, int, int]) -> dict[int, int]:
+def changed_rows_since_read(runtime: OdinRuntime, key: TaskKey) -> dict[int, int]:
     """Rows of a final read's candidate set published by a step between its read and its own step: row ->
     earliest such step (the first write the read missed)."""
     record = runtime.final_reads[key]
@@ -351,7 +354,7 @@ def test_structural_change_behind_drain_keeps_equivalence(interleaving: list[int
     results = {}
     for mode, turns in (("barrier", []), ("quality", interleaving)):
         runtime = make_runtime(
-            OdinRuntimeConfig(mode=mode, num_workers=2, tasks_per_worker=2), make_params(), lr_scale=8.0
+            OdinRuntimeConfig(mode=mode), make_params(), lr_scale=8.0, topology=Topology(2, 2)
         )
         schedule = schedule_of(SPARSE, 2, 2)
         versions_before = {}
@@ -380,7 +383,7 @@ def test_remap_carries_tables_through_gsplat_ops() -> None:
 
 
 def test_drain_refuses_unpublished_work() -> None:
-    runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=2), make_params())
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params(), topology=Topology(2))
     task = schedule_of(DENSE, 2, 1)[0][0][0]
     assert isinstance(runtime.run_next([task]), type(task))
     with pytest.raises(RuntimeError, match="not published"):
@@ -388,7 +391,7 @@ def test_drain_refuses_unpublished_work() -> None:
 
 
 def test_before_read_waits_on_exactly_the_conflicting_rows() -> None:
-    runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=2), make_params())
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params(), topology=Topology(2))
     first = schedule_of(DENSE, 2, 1)[0][0][0]
     later = type(first)(1, 0, 0, first.view, first.camera)
     read = runtime.before_read(first)
@@ -396,9 +399,9 @@ def test_before_read_waits_on_exactly_the_conflicting_rows() -> None:
     wait = runtime.before_read(later)
     assert isinstance(wait, Wait) and wait.reason == "raw" and wait.step == 0
     assert torch.equal(wait.rows, read.candidate)
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier", num_workers=2), make_params())
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), topology=Topology(2))
     assert barrier.before_read(later).reason == "barrier"
-    ring = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=2, ring_slots=1), make_params())
+    ring = make_runtime(OdinRuntimeConfig(mode="quality", ring_slots=1), make_params(), topology=Topology(2))
     assert ring.before_read(later).reason == "ring"
 
 
@@ -422,8 +425,10 @@ def test_bookkeeping_time_excludes_the_render_and_backward_of_reruns() -> None:
         time.sleep(nap_ns / 1e9)
         return render(task, leaves, generator)
 
-    config = OdinRuntimeConfig(mode="quality", num_workers=2, tasks_per_worker=2)
-    runtime = make_runtime(config, make_params(), render_fn=slow_render, lr_scale=SPARSE["lr_scale"])
+    config = OdinRuntimeConfig(mode="quality")
+    runtime = make_runtime(
+        config, make_params(), render_fn=slow_render, lr_scale=SPARSE["lr_scale"], topology=Topology(2, 2)
+    )
     start = time.perf_counter_ns()
     run_virtual(runtime, schedule_of(SPARSE, 2, 2, steps=4), [1] * 40)
     wall_ns = time.perf_counter_ns() - start
@@ -447,7 +452,7 @@ def test_bookkeeping_counts_nested_hooks_once(monkeypatch: pytest.MonkeyPatch) -
         return step_rows(self, rows, grads)
 
     monkeypatch.setattr(SelectiveAdam, "step_rows", slow_step_rows)
-    runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=1), make_params())
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params())
     for (tasks,) in schedule_of(DENSE, 1, 1, steps=4):
         assert runtime.run_next(tasks) == tasks[0]
     assert runtime.counters.publications == 4
@@ -459,7 +464,7 @@ def test_shadow_graph_memory_stays_below_a_model_copy() -> None:
     model (about half of this toy: 56-byte rows, a tenth of them per view, one worker 4 steps ahead), its make-up
     sums to it, and nothing is left once every step is published."""
     scene = {"num_views": 24, "focal_scale": 3.0, "lr_scale": 1.0}
-    runtime = make_runtime(OdinRuntimeConfig(mode="quality", num_workers=2), make_params(600), lr_scale=1.0)
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params(600), lr_scale=1.0, topology=Topology(2))
     run_virtual(runtime, schedule_of(scene, 2, 1, steps=4), [1] * 20)
     memory = runtime.memory_report()
     assert 0 < memory["peak_extra_bytes"] < memory["model_bytes"]
@@ -541,8 +546,9 @@ def test_rasterizer_tasks_quality_equals_barrier_and_stats_match_full_renders() 
     for mode, turns in (("barrier", []), ("quality", [1] * 10)):
         state = {"grad2d": None, "count": None, "radii": None}
         runtime = make_runtime(
-            OdinRuntimeConfig(mode=mode, num_workers=2),
+            OdinRuntimeConfig(mode=mode),
             make_params(60),
+            topology=Topology(2),
             render_fn=render_gsplat,
             strategy_state=state,
         )

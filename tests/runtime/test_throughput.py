@@ -27,10 +27,7 @@ def test_throughput_first_psnr_within_one_percent_of_barrier(tmp_path: Path) -> 
     turns = random.Random(0).choices(range(WORKERS), k=8 * STEPS)
     psnr = {}
     for mode in ("barrier", "throughput"):
-        runtime_config = OdinRuntimeConfig(
-            mode=mode,
-            num_workers=WORKERS,
-        )
+        runtime_config = OdinRuntimeConfig(mode=mode)
         pipeline, runtime = train_virtual(config, runtime_config, STEPS, lrs, turns)
         psnr[mode] = pipeline.get_average_eval_image_metrics(step=STEPS)["psnr"]
         counters = runtime.counters

@@ -1,0 +1,208 @@
+"""gsplat at the edge: the one module that knows gsplat's render meta, densification statistics and refinement.
+
+The runtime (``odin_nerfstudio/runtime``) sees a render only through a :class:`~odin_nerfstudio.runtime.adapter.
+RenderAdapter`; :class:`GsplatAdapter` is gsplat's: the active rows of a render are those with ``radii > 0``
+(``gaussian_ids`` when packed), ``means2d.retain_grad()`` runs before backward so that the task's densification
+statistics (``DefaultStrategy._update_state``'s arithmetic, in global rows) can be staged beside its gradients as a
+plain ``dict[str, Tensor]``, and the bounding spheres use ``exp`` of gsplat's log-scales.
+
+Refinement (densify, prune, opacity reset) runs behind the runtime's drain barrier between two steps, with the
+conditions and ops of ``DefaultStrategy.step_post_backward``; the statistics are already accumulated per task by
+the runtime, so only the edits are made here. Every random draw of an edit comes from a generator seeded by
+(seed, step), so every worker and every re-run makes the same edit.
+
+gsplat's private functions the project relies on are imported here and nowhere else (the rendering layer takes
+them from this module); ``tests/adapter/test_gsplat_pins.py`` pins their source, so a gsplat upgrade that changes
+one fails loudly. See ``docs/architecture.md`` for where the adapter sits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gsplat.cuda._torch_impl import _persp_proj, _quat_scale_to_covar_preci, _spherical_harmonics, _world_to_cam
+from gsplat.cuda._wrapper import fully_fused_projection
+from gsplat.strategy import DefaultStrategy
+from gsplat.strategy.ops import reset_opa
+from torch import Tensor
+
+from odin_nerfstudio.core.tables import index_map_from_uid
+from odin_nerfstudio.core.tasks import task_seed
+
+__all__ = [
+    "STATS_SCHEMA",
+    "STRUCTURAL_VIEW",
+    "GsplatAdapter",
+    "accumulate",
+    "apply_structural_change",
+    "fully_fused_projection",
+    "refine_due",
+    "reset_due",
+    "structural_change_due",
+    "task_stats",
+    "_persp_proj",
+    "_quat_scale_to_covar_preci",
+    "_spherical_harmonics",
+    "_world_to_cam",
+]
+
+STATS_SCHEMA = {"rows": torch.int64, "grad2d": torch.float32, "radii": torch.float32}
+"""One task's densification statistics: global rows of its visible entries (one per camera and visible Gaussian),
+the norm of each entry's normalized screen-space gradient and its radius normalized by max(width, height), each
+[M]; what the transports carry per task (their wire dtypes)."""
+
+STRUCTURAL_VIEW = -1
+"""The view id that seeds a structural change's random stream (no task renders view -1)."""
+
+
+class GsplatAdapter:
+    """The runtime's view of gsplat's renders (:class:`~odin_nerfstudio.runtime.adapter.RenderAdapter`).
+
+    Args:
+        packed: whether the rasterizer runs packed (``radii`` [nnz] with ``gaussian_ids``) or not ([C, M]).
+        absgrad: whether the statistics use ``means2d.absgrad`` (``DefaultStrategy(absgrad=True)``).
+        log_scales: whether ``params["scales"]`` holds log-scales (gsplat's convention) rather than scales.
+    """
+
+    stats_schema = STATS_SCHEMA
+
+    def __init__(self, packed: bool = False, absgrad: bool = False, log_scales: bool = True) -> None:
+        self.packed = packed
+        self.absgrad = absgrad
+        self.log_scales = log_scales
+
+    def world_scales(self, scales: Tensor) -> Tensor:
+        """World-space scales [M, 3] of parameter rows ``scales`` [M, 3] (exp of gsplat's log-scales)."""
+        scales = scales.detach()
+        return torch.exp(scales) if self.log_scales else scales
+
+    def before_backward(self, info: dict[str, Any]) -> None:
+        """Keep the screen-space means' gradient (gsplat's statistics read ``means2d.grad`` after backward)."""
+        if "means2d" in info and info["means2d"].requires_grad:
+            info["means2d"].retain_grad()
+
+    def active_positions(self, info: dict[str, Any], size: int) -> Tensor | None:
+        """Positions in C(t) (``size`` rows) of A(t), the rows with radii > 0, sorted int64 [A]; None without radii."""
+        if "radii" not in info:
+            return None
+        if self.packed:
+            visible = torch.zeros(size, dtype=torch.bool, device=info["radii"].device)
+            visible[info["gaussian_ids"]] = True
+        else:
+            radii = info["radii"].reshape(-1, size)
+            visible = radii[0] > 0 if radii.shape[0] == 1 else (radii > 0).any(dim=0)
+        return torch.nonzero(visible).flatten()
+
+    def task_stats(self, info: dict[str, Any], candidate: Tensor) -> dict[str, Tensor] | None:
+        """The task's densification statistics in global rows (:data:`STATS_SCHEMA`); None without ``means2d``."""
+        if "means2d" not in info:
+            return None
+        return task_stats(info, candidate, self.packed, self.absgrad)
+
+    def accumulate(self, state: dict[str, Any], stats: dict[str, Tensor], num_primitives: int) -> None:
+        """Add one task's statistics to gsplat's strategy state (see :func:`accumulate`)."""
+        accumulate(state, stats, num_primitives)
+
+
+def task_stats(info: dict[str, Any], candidate: Tensor, packed: bool, absgrad: bool = False) -> dict[str, Tensor]:
+    """A task's statistics in global rows, as ``DefaultStrategy._update_state`` computes them.
+
+    Args:
+        info: the rasterizer's meta after backward (``means2d`` with ``.grad`` or ``.absgrad``, ``radii``,
+            ``width``, ``height``, ``n_cameras``, and ``gaussian_ids`` when packed); ids index the gathered rows.
+        candidate: the task's candidate set, sorted int64 [M_c] (gathered row i is global row candidate[i]).
+        packed: whether the rasterizer ran packed (means2d [nnz, 2]) or not (means2d [C, M_c, 2]).
+        absgrad: use ``means2d.absgrad`` as gsplat's ``absgrad=True``.
+
+    Returns:
+        ``rows`` int64 [M], ``grad2d`` [M] and ``radii`` [M] (:data:`STATS_SCHEMA`).
+    """
+    grads = (info["means2d"].absgrad if absgrad else info["means2d"].grad).clone()
+    grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
+    grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
+    if packed:
+        local_ids = info["gaussian_ids"]
+        radii = info["radii"]
+    else:
+        visible = info["radii"] > 0.0
+        local_ids = torch.where(visible)[1]
+        grads = grads[visible]
+        radii = info["radii"][visible]
+    return {
+        "rows": candidate[local_ids],
+        "grad2d": grads.norm(dim=-1),
+        "radii": radii / float(max(info["width"], info["height"])),
+    }
+
+
+def accumulate(state: dict[str, Any], stats: dict[str, Tensor], num_primitives: int) -> None:
+    """Add one task's statistics to gsplat's strategy state (creating its tensors on first use, as gsplat does).
+
+    Args:
+        state: DefaultStrategy state (``grad2d``, ``count`` and, when present, ``radii``), [N] each.
+        stats: the task's statistics (:data:`STATS_SCHEMA`).
+        num_primitives: N, for first use.
+    """
+    rows, grad2d = stats["rows"], stats["grad2d"]
+    device = grad2d.device
+    if state.get("grad2d") is None:
+        state["grad2d"] = torch.zeros(num_primitives, device=device)
+    if state.get("count") is None:
+        state["count"] = torch.zeros(num_primitives, device=device)
+    state["grad2d"].index_add_(0, rows, grad2d)
+    state["count"].index_add_(0, rows, torch.ones_like(rows, dtype=torch.float32))
+    if "radii" in state:
+        if state["radii"] is None:
+            state["radii"] = torch.zeros(num_primitives, device=device)
+        state["radii"][rows] = torch.maximum(state["radii"][rows], stats["radii"])
+
+
+def refine_due(strategy: DefaultStrategy, step: int) -> bool:
+    """Whether gsplat would densify and prune after `step` (the statistics of steps <= `step` are in)."""
+    return (
+        step < strategy.refine_stop_iter
+        and step > strategy.refine_start_iter
+        and step % strategy.refine_every == 0
+        and step % strategy.reset_every >= strategy.pause_refine_after_reset
+    )
+
+
+def reset_due(strategy: DefaultStrategy, step: int) -> bool:
+    """Whether gsplat would reset the opacities after `step`."""
+    return step < strategy.refine_stop_iter and step % strategy.reset_every == 0
+
+
+def structural_change_due(strategy: DefaultStrategy, step: int) -> bool:
+    """Whether any structural change follows `step`."""
+    return refine_due(strategy, step) or reset_due(strategy, step)
+
+
+def apply_structural_change(
+    strategy: DefaultStrategy,
+    params: dict[str, torch.nn.Parameter],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+    step: int,
+    seed: int,
+) -> Tensor:
+    """Densify, prune and reset as gsplat would after `step`; returns the index map, int64 [N_new] (new -> old row).
+
+    The statistics in `state` must hold every task of steps <= `step`; they are zeroed after a refinement, as
+    gsplat does. An opacity reset changes values, not rows: its index map is the identity. ``_grow_gs`` and
+    ``_prune_gs`` are gsplat's private halves of ``step_post_backward`` (pinned by a test).
+    """
+    device = params["means"].device
+    state["uid"] = torch.arange(params["means"].shape[0], device=device)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(task_seed(seed, step, STRUCTURAL_VIEW))
+        if refine_due(strategy, step):
+            strategy._grow_gs(params, optimizers, state, step)
+            strategy._prune_gs(params, optimizers, state, step)
+            for key in ("grad2d", "count", "radii"):
+                if state.get(key) is not None:
+                    state[key].zero_()
+        if reset_due(strategy, step):
+            reset_opa(params=params, optimizers=optimizers, state=state, value=strategy.prune_opa * 2.0)
+    return index_map_from_uid(state.pop("uid"))

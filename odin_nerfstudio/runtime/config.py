@@ -1,0 +1,77 @@
+"""The runtime's hyperparameters (nerfstudio-style config dataclass); see ``docs/architecture.md``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from odin_nerfstudio.runtime.admission import POLICIES
+
+if TYPE_CHECKING:
+    from odin_nerfstudio.scheduling.schedule import ScheduleConfig
+
+Mode = Literal["quality", "throughput", "barrier"]
+
+
+@dataclass
+class OdinRuntimeConfig:
+    """Hyperparameters of the runtime.
+
+    Attributes:
+        mode: the admission policy (``admission.py``): "quality" (exact, waits on conflicting rows), "throughput"
+            (admits bounded stale reads) or "barrier" (global wait per step, the reference).
+        ring_slots: K, steps that may be staged at once (step s may read once step s - K is published).
+        stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
+        stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.
+        max_staleness: the most steps a stale row may lag behind (throughput).
+        candidate_margin: widening of the culling frustum and bounding spheres, see ``candidates.py``.
+        near_plane: the rasterizer's near plane.
+        wait_timeout_s: timeout of every blocking wait on the transport.
+        record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).
+        spatial_order: keep the model's rows in the Z-order of their centres (``row_order.py``): permuted when the
+            runtime is built and after every structural change, so that a view's rows are a few runs of
+            consecutive rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
+    """
+
+    mode: Mode = "quality"
+    ring_slots: int = 4
+    stale_fraction: float = 0.2
+    stale_grad_ratio: float = 0.2
+    max_staleness: int = 4
+    candidate_margin: float = 0.1
+    near_plane: float = 0.01
+    wait_timeout_s: float = 60.0
+    record_reads: bool = False
+    spatial_order: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in POLICIES:
+            raise ValueError(f"unknown mode {self.mode!r}")
+        if self.ring_slots < 1:
+            raise ValueError(f"ring_slots must be >= 1, got {self.ring_slots}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """W and B of the workers one runtime holds, named once and derived from the schedule (:meth:`of`).
+
+    K, the steps that may be staged at once, is the user's ``OdinRuntimeConfig.ring_slots``.
+
+    Attributes:
+        num_workers: W, the workers sharing this runtime (every schedule worker when they share one process, one
+            per rank in a distributed run).
+        views_per_worker: B, a worker's views (tasks) per step; a short step declares fewer (``plan_step``).
+    """
+
+    num_workers: int = 1
+    views_per_worker: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.views_per_worker < 1:
+            raise ValueError(f"a topology needs W >= 1 and B >= 1, got W={self.num_workers}, B={self.views_per_worker}")
+
+    @classmethod
+    def of(cls, schedule: ScheduleConfig, local_workers: int | None = None) -> Topology:
+        """The topology of a runtime holding ``local_workers`` (default: every one) of a schedule's workers."""
+        workers = schedule.num_workers if local_workers is None else local_workers
+        return cls(num_workers=workers, views_per_worker=schedule.views_per_worker)

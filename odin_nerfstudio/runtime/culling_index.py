@@ -1,0 +1,103 @@
+"""The culling index the runtime keeps over the model: bounding spheres, their block index and candidate sets.
+
+Built with the runtime and after each structural change (rebuilt in O(N log N) only once its blocks have grown
+by a quarter), refreshed on the rows each publication writes; C(t) is culled through it in O(|C(t)|), not O(N).
+See :class:`~odin_nerfstudio.culling.candidates.BoundingSpheres` and ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.conflicts import StepRows, union_sorted
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
+from odin_nerfstudio.runtime.adapter import RenderAdapter
+
+
+class CullingIndex:
+    """Bounding spheres of the model's rows and the candidate sets culled against them.
+
+    Args:
+        params: the model's parameters (``means`` [N, 3] and ``scales`` [N, 3] read), shared with the runtime.
+        adapter: turns ``scales`` rows into world-space scales.
+        margin: widening of the culling frustum and bounding spheres (``candidate_margin``).
+        near_plane: the rasterizer's near plane.
+    """
+
+    def __init__(self, params: dict[str, Tensor], adapter: RenderAdapter, margin: float, near_plane: float) -> None:
+        self.params = params
+        self.adapter = adapter
+        self.margin = margin
+        self.near_plane = near_plane
+        self._bounds: BoundingSpheres | None = None
+        self.bounds()
+
+    def bounds(self) -> BoundingSpheres:
+        """The culling bounds of the current state and their block index, rebuilt when the row count changed."""
+        num_rows = self.params["means"].shape[0]
+        if self._bounds is None or self._bounds.num_rows != num_rows:
+            self._bounds = BoundingSpheres.of(self.params["means"], self.adapter.world_scales(self.params["scales"]))
+            if num_rows:
+                self._bounds.index()
+        return self._bounds
+
+    def region(self, task: Task) -> CullRegion:
+        """The region C(t) is culled against (the task's widened frustum)."""
+        return CullRegion.candidates(task.camera, self.margin, self.near_plane)
+
+    def candidates(self, task: Task) -> Tensor:
+        """C(t) on the current state, sorted int64 [M]."""
+        return self.bounds().rows_in(self.region(task))
+
+    def any_meets(self, task: Task, rows: Tensor) -> bool:
+        """Whether any of ``rows`` (sorted int64 [R]) now lies in the region of ``task``'s candidate set."""
+        return bool(self.bounds().meets(self.region(task), rows).any())
+
+    def update(self, rows: Tensor, means: Tensor, scales: Tensor) -> None:
+        """Refresh the bounds of ``rows`` [R] from their new ``means`` [R, 3] and parameter ``scales`` [R, 3]."""
+        self.bounds().update(rows, means, self.adapter.world_scales(scales))
+
+    def rebuild(self) -> None:
+        """Rebuild the bounds and index from the parameters (after a structural change)."""
+        self._bounds = None
+        self.bounds()
+
+
+class RemoteTasks:
+    """Predicted writes of the tasks other processes run (a distributed run knows them from the shared schedule).
+
+    Until their step is published, their candidate sets, culled on this replica when first needed, count as that
+    step's pending writes, so a read that would miss one of them waits for the publication instead of reading
+    early and being re-run after validation. A prediction only: validation still decides.
+    """
+
+    def __init__(self, index: CullingIndex) -> None:
+        self.index = index
+        self._tasks: dict[int, list[Task]] = {}
+        self._rows: dict[int, Tensor] = {}
+
+    def expect(self, tasks: Sequence[Task]) -> None:
+        """Add tasks other processes run."""
+        for task in tasks:
+            self._tasks.setdefault(task.step, []).append(task)
+
+    def writes(self, before_step: int, published_through: int) -> list[StepRows]:
+        """The candidate sets of the expected tasks of unpublished steps < ``before_step``, one union per step."""
+        for step in [s for s in self._tasks if s <= published_through]:
+            del self._tasks[step]
+            self._rows.pop(step, None)
+        writes = []
+        for step in sorted(s for s in self._tasks if s < before_step):
+            if step not in self._rows:
+                sets = [self.index.candidates(task) for task in self._tasks[step]]
+                self._rows[step] = union_sorted(sets, self.index.params["means"].device)
+            writes.append(StepRows(step, self._rows[step]))
+        return writes
+
+    def forget_rows(self) -> None:
+        """Drop the culled sets (a structural change renamed the rows; they are culled again when needed)."""
+        self._rows.clear()

@@ -1,0 +1,183 @@
+"""Metering: what the runtime counts, the time its hooks cost, and the timeline of every worker's spans.
+
+:class:`Meter` owns the counters, the timeline, the open waits per worker and the bookkeeping clock; the other
+parts report to it. Odin's own cost (``bookkeeping_ns``) is kept apart from the renderer's work and from
+communication, so the benchmarks can show it stays small. See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.core.timeline import Timeline
+from odin_nerfstudio.runtime.reads import Read, RenderFn, StaleRead, Wait
+
+_MAX_LOGGED_ROWS = 64
+_Hook = TypeVar("_Hook", bound=Callable[..., Any])
+_Result = TypeVar("_Result")
+
+
+@dataclass
+class RuntimeCounters:
+    """What the runtime counted.
+
+    Attributes:
+        tasks: tasks run, re-runs included.
+        waits: Wait answers per reason.
+        validation_failures: failures per kind ("stale", "candidate", "escape").
+        reruns: tasks re-run on fresh state after a validation failure.
+        reordered: reads where dynamic ordering ran a later task of the worker's step first.
+        stale_reads: every admitted stale read (throughput), also those of a read later re-run (``kept`` False).
+        publications: steps published.
+        bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
+            publish), the outermost call only, less the render and backward of the re-runs they execute and
+            less their time in the transport (``comm_ns``).
+        render_ns: wall time in ``render_fn``, re-runs included.
+        backward_ns: wall time in ``loss.backward()``, re-runs included.
+        comm_ns: wall time inside the transport's calls (``start_exchange``, a handle's ``done`` and ``wait``),
+            from the hooks and from ``OdinRuntime.await_publication``: communication and waiting for the other
+            workers, not Odin's bookkeeping.
+    """
+
+    tasks: int = 0
+    waits: dict[str, int] = field(default_factory=dict)
+    validation_failures: dict[str, int] = field(default_factory=dict)
+    reruns: int = 0
+    reordered: int = 0
+    stale_reads: list[StaleRead] = field(default_factory=list)
+    publications: int = 0
+    bookkeeping_ns: int = 0
+    render_ns: int = 0
+    backward_ns: int = 0
+    comm_ns: int = 0
+
+    @property
+    def stale_reads_kept(self) -> int:
+        """Admitted stale reads that reached the model (not superseded by a re-run of their task)."""
+        return sum(1 for read in self.stale_reads if read.kept)
+
+
+class Meter:
+    """Counters, timeline and clocks of one runtime.
+
+    Args:
+        device: the model's device (spans on CUDA wait for the current stream before their clock stops).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.counters = RuntimeCounters()
+        self.timeline = Timeline()
+        self._wait_since: dict[int, tuple[int, Wait]] = {}
+        self._in_hook = False
+
+    def count_wait(self, wait: Wait) -> Wait:
+        """Count a Wait answer by its reason."""
+        self.counters.waits[wait.reason] = self.counters.waits.get(wait.reason, 0) + 1
+        return wait
+
+    def count_failures(self, failures: Sequence[str]) -> None:
+        """Count a task's validation failures by kind."""
+        for kind in failures:
+            self.counters.validation_failures[kind] = self.counters.validation_failures.get(kind, 0) + 1
+
+    def waiting(self, worker: int, wait: Wait) -> None:
+        """``worker`` could not read (a wait begins, unless one is already open)."""
+        self._wait_since.setdefault(worker, (self.timeline.now(), wait))
+
+    def read(self, task: Task, reordered: bool) -> None:
+        """``task`` was admitted: close its worker's open wait on the timeline (with its reason and the
+        primitives waited on) and count a read that dynamic ordering took out of task order."""
+        if task.worker in self._wait_since:
+            since, wait = self._wait_since.pop(task.worker)
+            args = {
+                "reason": wait.reason,
+                "on_step": wait.step,
+                "primitives": wait.rows.numel(),
+                "primitive_ids": wait.rows[:_MAX_LOGGED_ROWS].tolist(),
+            }
+            self.timeline.record("wait", task.worker, task.step, since, args)
+        self.counters.reordered += reordered
+
+    def render_and_backward(
+        self, render_fn: RenderFn, read: Read, before_backward: Callable[[dict[str, Any]], None] | None
+    ) -> dict[str, Any]:
+        """Render an admitted read with ``render_fn``, call ``before_backward(info)`` if given, back-propagate;
+        both spans go on the timeline and into ``render_ns`` / ``backward_ns``. Returns the render's info."""
+        task = read.task
+        start = self.timeline.now()
+        loss, info = render_fn(task, read.leaves, read.generator)
+        if before_backward is not None:
+            before_backward(info)
+        self.counters.render_ns += self._span("render", task, start)
+        start = self.timeline.now()
+        loss.backward()
+        self.counters.backward_ns += self._span("backward", task, start)
+        self.counters.tasks += 1
+        return info
+
+    def _span(self, name: str, task: Task, start_ns: int) -> int:
+        """Record ``name`` of ``task`` since ``start_ns`` once the device is done; returns its length in ns."""
+        synchronize(self.device)
+        event = self.timeline.record(name, task.worker, task.step, start_ns, {"view": task.view})
+        return event.end_ns - event.start_ns
+
+    def in_transport(self, call: Callable[..., _Result], *args: Any) -> _Result:
+        """``call(*args)``, a transport call, its wall time counted in ``counters.comm_ns``: sending and waiting
+        for the other workers is communication, which the hooks' bookkeeping time leaves out."""
+        start = Timeline.now()
+        try:
+            return call(*args)
+        finally:
+            self.counters.comm_ns += Timeline.now() - start
+
+    def _not_bookkeeping_ns(self) -> int:
+        """The time counted elsewhere that a hook may contain: re-runs' render and backward, and transport calls."""
+        counters = self.counters
+        return counters.render_ns + counters.backward_ns + counters.comm_ns
+
+
+def bookkeeping(hook: _Hook) -> _Hook:
+    """Time a runtime hook into ``meter.counters.bookkeeping_ns``: Odin's own cost per step, which must stay small.
+
+    Only the outermost hook call is timed (after_backward -> progress -> publish and read_next -> before_read
+    count once), and the render and backward time of re-runs executed inside it is subtracted, as is its time in
+    the transport (``comm_ns``: sending, and waiting for the other workers), so the counter holds the runtime's
+    culling, conflict checks, gathers, staging, validation and publications, never the renderer's work nor
+    communication. On CUDA the hook's kernels queued on the current stream are waited for before the clock stops
+    (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to the next render.
+    """
+
+    @functools.wraps(hook)
+    def timed(runtime: Any, *args: Any, **kwargs: Any) -> Any:
+        meter: Meter = runtime.meter
+        if meter._in_hook:
+            return hook(runtime, *args, **kwargs)
+        meter._in_hook = True
+        others = meter._not_bookkeeping_ns()
+        start = Timeline.now()
+        try:
+            return hook(runtime, *args, **kwargs)
+        finally:
+            synchronize(meter.device)
+            elapsed = Timeline.now() - start
+            meter.counters.bookkeeping_ns += elapsed - (meter._not_bookkeeping_ns() - others)
+            meter._in_hook = False
+
+    return timed  # type: ignore[return-value]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the kernels queued on the device's current stream, so that spans time the work, not its launch.
+
+    Only the current stream: an asynchronous exchange in flight on a communication stream (NCCL) is not waited
+    for, so it still overlaps with the next task.
+    """
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()

@@ -1,0 +1,142 @@
+"""Validation: a task's read checked against the synchronous state before its update is exchanged.
+
+Reads are optimistic about writes that were unknown when they read (an earlier task that had not read yet, or a
+task of another rank). Once every earlier step is published, each task is checked against the rows of the last
+K publications (kept sparse; a read lags at most K - 1 steps behind, by the ring):
+
+- "stale": a row it read was written since, and the write was not an admitted stale read (throughput);
+- "candidate": a row written since, outside C(t), moved into the task's culling region (C(t) would differ);
+- "escape": the rasterizer would see rows outside C(t) (A(t) escapes C(t)); checked when a visibility function
+  is given. The re-run adds the escaped rows to the task's candidate set.
+
+The escape check is a seam: :attr:`Validator.find_escapes` is any ``(task, C(t)) -> rows`` callable, built from
+the runtime's visibility function by :func:`escape_finder`; tests may wrap it. See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
+from odin_nerfstudio.core.tasks import Task, TaskKey
+from odin_nerfstudio.runtime.culling_index import CullingIndex
+from odin_nerfstudio.runtime.reads import EscapeCheck, ReadRecord, VisibilityFn
+
+EscapeFinder = Callable[[Task, Tensor], Tensor]
+"""(task, C(t) sorted int64 [M]) -> the rows outside C(t) the rasterizer would see for the task, sorted int64 [E]."""
+
+
+def escape_finder(
+    visibility_fn: VisibilityFn | EscapeCheck, index: CullingIndex, params: dict[str, Tensor]
+) -> EscapeFinder:
+    """The escape check of a visibility function.
+
+    With an :class:`EscapeCheck`, only the rows of its drawable region outside C(t) are gathered and asked about,
+    found with the culling index in O(|C(t)|); with a plain VisibilityFn, every row is (views, no copy): O(N).
+    """
+
+    def escaped(task: Task, candidate: Tensor) -> Tensor:
+        if isinstance(visibility_fn, EscapeCheck):
+            rows = index.bounds().rows_in(visibility_fn.drawable(task))
+            rows = rows[~isin_sorted(rows, candidate)]
+            if rows.numel() == 0:
+                return rows
+            gathered = {name: p.detach().index_select(0, rows) for name, p in params.items()}
+            return rows[visibility_fn.visible(task, gathered)]
+        every_row = {name: p.detach() for name, p in params.items()}
+        visible = torch.nonzero(visibility_fn(task, every_row)).flatten()
+        return visible[~isin_sorted(visible, candidate)]
+
+    return escaped
+
+
+class ReadLog:
+    """The tasks that have read and what they read, until their step is published.
+
+    Attributes:
+        tasks: per task key, the task.
+        reads: per task key, its latest read.
+        final_reads: per task key, the read its exchanged update came from (kept with ``record_reads`` only).
+    """
+
+    def __init__(self, record_reads: bool) -> None:
+        self.record_reads = record_reads
+        self.tasks: dict[TaskKey, Task] = {}
+        self.reads: dict[TaskKey, ReadRecord] = {}
+        self.final_reads: dict[TaskKey, ReadRecord] = {}
+
+    def add(self, task: Task, record: ReadRecord) -> None:
+        """``task`` read ``record`` (a re-run replaces its first read)."""
+        self.tasks[task.key] = task
+        self.reads[task.key] = record
+
+    def final(self, key: TaskKey) -> None:
+        """Task ``key``'s read is the one its update is exchanged with."""
+        if self.record_reads:
+            self.final_reads[key] = self.reads[key]
+
+    def forget(self, key: TaskKey) -> None:
+        """Task ``key``'s step is published."""
+        self.reads.pop(key, None)
+        self.tasks.pop(key, None)
+
+
+class Validator:
+    """Checks reads against the recent publications, the culling index and the escape check.
+
+    Args:
+        ring_slots: K, how many recent publications to keep.
+        index: the culling index (candidate regions of the current state).
+        find_escapes: the escape check, or None to skip it.
+    """
+
+    def __init__(self, ring_slots: int, index: CullingIndex, find_escapes: EscapeFinder | None) -> None:
+        self.ring_slots = ring_slots
+        self.index = index
+        self.find_escapes = find_escapes
+        self._recent: dict[int, Tensor] = {}
+
+    def published(self, step: int, rows: Tensor) -> None:
+        """Step ``step`` wrote ``rows`` (sorted int64 [R]); the publication of step - K is forgotten."""
+        self._recent[step] = rows
+        self._recent.pop(step - self.ring_slots, None)
+
+    def forget(self) -> None:
+        """Drop the recent publications (a structural change renamed the rows; after a drain no read needs them)."""
+        self._recent.clear()
+
+    def validate(self, task: Task, record: ReadRecord) -> tuple[list[str], Tensor]:
+        """Check a task's read against the synchronous state (all earlier steps published).
+
+        Returns:
+            The failure kinds ("stale", "candidate", "escape"; empty if valid), and the rows outside C(t) the
+            rasterizer would see (int64 [E], empty without an escape check), which a re-run adds to C(t).
+        """
+        admitted = {a.step: a.rows for a in record.admitted}
+        failures = []
+        outside = []
+        for step in range(record.read_mark + 1, task.step):
+            published = self._recent[step]
+            read = isin_sorted(published, record.candidate)
+            missed = published[read]
+            allowed = admitted.get(step)
+            if (
+                missed.numel()
+                and "stale" not in failures
+                and (allowed is None or not bool(isin_sorted(missed, allowed).all()))
+            ):
+                failures.append("stale")
+            outside.append(published[~read])
+        device = record.candidate.device
+        moved = union_sorted(outside, device)
+        if moved.numel() and self.index.any_meets(task, moved):
+            failures.append("candidate")
+        escaped = torch.empty(0, dtype=torch.int64, device=device)
+        if self.find_escapes is not None:
+            escaped = self.find_escapes(task, record.candidate)
+        if escaped.numel():
+            failures.append("escape")
+        return failures, escaped

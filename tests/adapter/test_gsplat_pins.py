@@ -1,0 +1,68 @@
+"""gsplat's private code that ``adapter/gsplat.py`` relies on, pinned: a gsplat upgrade that changes any of it
+fails here, naming the function, before it silently changes Odin's statistics, refinement or rasterizer.
+
+``_update_state`` and ``step_post_backward`` are pinned because the adapter re-derives their arithmetic and
+triggers (``task_stats``, ``refine_due``, ``reset_due``); ``_grow_gs`` and ``_prune_gs`` because it calls them;
+the ``_torch_impl`` / ``_wrapper`` functions because the rendering layer calls them through the adapter. When one
+fails: read gsplat's change, update the adapter to match, then the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import gsplat
+import pytest
+from gsplat.cuda import _torch_impl, _wrapper
+from gsplat.strategy import DefaultStrategy
+
+ROOT = Path(__file__).resolve().parents[2]
+PINNED_VERSION = "1.4.0"
+PINNED = {
+    "DefaultStrategy._grow_gs": (DefaultStrategy._grow_gs, "0265844edac3fc3d"),
+    "DefaultStrategy._prune_gs": (DefaultStrategy._prune_gs, "24509f8cac6dcf9b"),
+    "DefaultStrategy._update_state": (DefaultStrategy._update_state, "3a322201b8f61740"),
+    "DefaultStrategy.step_post_backward": (DefaultStrategy.step_post_backward, "0cc060d60ebde27d"),
+    "_torch_impl._persp_proj": (_torch_impl._persp_proj, "056d923bac2f1607"),
+    "_torch_impl._quat_scale_to_covar_preci": (_torch_impl._quat_scale_to_covar_preci, "9c15ff905c4231fb"),
+    "_torch_impl._spherical_harmonics": (_torch_impl._spherical_harmonics, "feaf3fcc82a4997a"),
+    "_torch_impl._world_to_cam": (_torch_impl._world_to_cam, "faf71910f6c01e2b"),
+    "_wrapper.fully_fused_projection": (_wrapper.fully_fused_projection, "9937bf188600cbf5"),
+}
+
+
+def test_gsplat_version_is_the_pinned_one() -> None:
+    assert gsplat.__version__ == PINNED_VERSION, "gsplat changed: re-check every pinned function below"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_private_gsplat_function_is_unchanged(name: str) -> None:
+    function, expected = PINNED[name]
+    digest = hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    assert digest == expected, f"gsplat's {name} changed (source hash {digest}): update adapter/gsplat.py to match"
+
+
+def test_only_the_adapter_imports_gsplat_privates() -> None:
+    """The goal of the adapter: no other module of the package names gsplat's private modules or functions."""
+    found = subprocess.run(
+        ["grep", "-rnE", r"gsplat\.(cuda|strategy)\._|\._grow_gs|_torch_impl|_wrapper", "odin_nerfstudio"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    ).stdout.splitlines()
+    assert found and all(line.startswith("odin_nerfstudio/adapter/gsplat.py:") for line in found), found
+
+
+def test_adapter_imports_only_gsplat_and_core() -> None:
+    """The adapter sits at the edge: importing it pulls in no other layer of the package."""
+    code = (
+        "import sys; import odin_nerfstudio.adapter.gsplat; "
+        "layers = {m.split('.')[1] for m in sys.modules if m.startswith('odin_nerfstudio.')}; "
+        "assert layers <= {'adapter', 'core'}, layers"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
