@@ -33,7 +33,8 @@ from odin_nerfstudio.culling.candidates import CullRegion  # noqa: E402
 from odin_nerfstudio.drivers.virtual import run_virtual  # noqa: E402
 from odin_nerfstudio.kernels import ops  # noqa: E402
 from odin_nerfstudio.rendering.rasterize import rasterization  # noqa: E402
-from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig  # noqa: E402
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology  # noqa: E402
+from odin_nerfstudio.runtime.runtime import OdinRuntime  # noqa: E402
 
 LRS = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "features_dc": 2.5e-3}
 WORKERS, PER_WORKER = 2, 1
@@ -104,7 +105,7 @@ def make_render(size: int, device: str):
 def train(mode: str, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
     """A fresh model trained ``args.steps`` steps in ``mode``; returns the runtime and the seconds per step."""
     params = make_params(args.gaussians, args.device)
-    config = OdinRuntimeConfig(mode=mode, num_workers=WORKERS, tasks_per_worker=PER_WORKER, seed=0)
+    config = OdinRuntimeConfig(mode=mode)
     transport = VirtualTransport(WORKERS, params)
     runtime = OdinRuntime(
         config,
@@ -112,6 +113,8 @@ def train(mode: str, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
         selective_adams(params, LRS),
         [transport.endpoint(w) for w in range(WORKERS)],
         make_render(args.size, args.device),
+        topology=Topology(num_workers=WORKERS, views_per_worker=PER_WORKER),
+        seed=0,
     )
     schedule = make_schedule(args.steps, args.views, args.size)
     synchronize(args.device)
@@ -147,7 +150,7 @@ def op_seconds(runtime: OdinRuntime, args: argparse.Namespace, reference: bool, 
     """Best time of each op on the trained model for a step's work: W x B culls and gathers, one scatter of the
     W x B updates, one publication of their union (on copies, so the model is untouched)."""
     tasks = [task for per_worker in make_schedule(1, args.views, args.size)[0] for task in per_worker]
-    bounds = runtime._bounding_spheres()
+    bounds = runtime.index.bounds()
     regions = [CullRegion.candidates(task.camera, runtime.config.candidate_margin) for task in tasks]
     params = {name: p.detach().clone() for name, p in runtime.params.items()}
     seq = torch.zeros(runtime.num_primitives, dtype=torch.int64, device=args.device)

@@ -10,6 +10,7 @@ odin-splat's help there.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +25,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_installs_method_configs_inside_the_package(tmp_path: Path) -> None:
+    # Build from a copy of the tracked files: setuptools writes build/ beside the sources.
+    source = tmp_path / "source"
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    for name in tracked.splitlines():
+        if (REPO / name).is_file() and not name.startswith("tests/data/"):
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
         check=True,
         cwd=tmp_path,
     )

@@ -2,7 +2,7 @@
 
 Odin publishes the same sparse updates in the same order on every rank, so the replicas never differ; a bug, a
 non-deterministic kernel or a rank that skipped a publication would break that silently. A checksum every N steps
-(DESIGN.md, "Distributed execution") catches it early and names the rank and the parameter. The checksum is cheap:
+(docs/architecture.md) catches it early and names the rank and the parameter. The checksum is cheap:
 per parameter, a float64 sum of its values and of its values weighted by their position (a moved row changes the
 second), all-gathered as one small tensor.
 """

@@ -1,6 +1,6 @@
 """Selective (visibility-masked) Adam: update only the rows a step touched, leave every other row untouched.
 
-This is the optimizer of the reference semantics in DESIGN.md, as gsplat's SelectiveAdam: for the rows ``p`` in
+This is the optimizer of the reference semantics (docs/architecture.md), as gsplat's SelectiveAdam: for the rows ``p`` in
 the union of a step's active sets, ``theta[p]``, ``exp_avg[p]`` and ``exp_avg_sq[p]`` follow torch.optim.Adam's
 per-element formula; all other rows keep their values bit for bit (no momentum decay, no second-moment decay).
 

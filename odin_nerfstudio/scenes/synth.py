@@ -1,7 +1,7 @@
 """Synthetic scenes in the COLMAP layout: procedural 3D Gaussians, rendered views and SfM-like tracks.
 
 Odin's gain depends on how sparsely the training views share primitives: dense object captures gain little,
-long sparse captures gain most (DESIGN.md). Real captures are few and fixed; this generator makes both regimes on
+long sparse captures gain most (docs/architecture.md). Real captures are few and fixed; this generator makes both regimes on
 demand, with known Gaussians, exact poses and tracks, in the layout nerfstudio's colmap dataparser reads::
 
     <output>/images/frame_00001.png ...
