@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Literal, Optional, Tuple, Type, Union
 
 import torch
+import tyro
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.configs.dataparser_configs import AnnotatedDataParserUnion
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
@@ -74,8 +75,9 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     gradients summed, one update (a plain nerfstudio loop over `next_train` would take one view per iteration)."""
     schedule_seed: int = 0
     """Seeds the schedule's per-epoch shuffle."""
-    ring_size: int = 4
-    """K, the farthest back (in steps) a step's overlap window reaches."""
+    ring_size: tyro.conf.Suppress[int] = 4
+    """K, the farthest back (in steps) a step's overlap window reaches: not a flag of its own, OdinTrainer sets it
+    from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
     overlap_threshold: float = 0.1
     """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
 

@@ -117,6 +117,8 @@ class OdinTrainer(Trainer):
         from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS, build_runtime
 
         check_options(self.config)
+        # K is named once, by the user, as the runtime's ring slots; the schedule's overlap windows use the same K.
+        self.config.pipeline.datamanager.ring_size = self.config.runtime.ring_slots
         super().setup(test_mode)
         schedule = self.pipeline.datamanager.schedule
         warn_if_step_exceeds_views(schedule.config.num_workers, schedule.config.views_per_worker, schedule.num_views)
