@@ -92,6 +92,9 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
         assert f"--pipeline.datamanager.{odin_option}" in options
     for runtime_option in ("--runtime.mode", "--runtime.ring-slots", "--follow-overlap-window", "--check-escapes"):
         assert runtime_option in options
+    # W, B, K and the seed have one flag each: no second name a run would refuse or silently replace.
+    for hidden in ("--runtime.num-workers", "--runtime.tasks-per-worker", "--runtime.seed", "datamanager.ring-size"):
+        assert hidden not in options, hidden
 
 
 def test_odin_splat_quick_is_odin_splat_with_a_schedule_that_densifies_within_its_run() -> None:
