@@ -172,6 +172,27 @@ _LARGEST = slice(3, 7)
 """The rows of a block's bounds that grow by ``amax``: largest centre and largest radius."""
 
 
+def block_coefficients(region: CullRegion, magnitude: float) -> Tensor:
+    """The block test's float64 [5, 8] coefficients for ``region`` (how, in :meth:`_Blocks.meeting`): per plane,
+    the box corners' min and max weights [6], the radius factor and the offset with its slack."""
+    (r0, r1, r2), translation = region.pose
+    coefficients = []
+    for (n0, n1, n2), norm, bound in region.planes():
+        world = [n0 * r0[j] + n1 * r1[j] + n2 * r2[j] for j in range(3)]
+        spread = abs(n0) * sum(map(abs, r0)) + abs(n1) * sum(map(abs, r1)) + abs(n2) * sum(map(abs, r2))
+        offset = n0 * translation[0] + n1 * translation[1] + n2 * translation[2]
+        reach = abs(n0 * translation[0]) + abs(n1 * translation[1]) + abs(n2 * translation[2]) + abs(bound)
+        coefficients.append(
+            [min(w, 0.0) for w in world]
+            + [max(w, 0.0) for w in world]
+            + [
+                region.radius_scale * (1.0 + _BLOCK_SLACK) * norm,
+                offset - bound + _BLOCK_SLACK * (reach + spread * magnitude),
+            ]
+        )
+    return torch.tensor(coefficients, dtype=torch.float64)
+
+
 @dataclass
 class _Blocks:
     """Rows in Morton order cut into blocks of ``BLOCK_ROWS``, each with a bound of its spheres.
@@ -259,22 +280,7 @@ class _Blocks:
         above that test's rounding: a block holding a row the per-row test keeps is never skipped. Bounds that
         are NaN or infinite (such a row) make the product NaN or +inf, so their blocks are never skipped.
         """
-        (r0, r1, r2), translation = region.pose
-        coefficients = []
-        for (n0, n1, n2), norm, bound in region.planes():
-            world = [n0 * r0[j] + n1 * r1[j] + n2 * r2[j] for j in range(3)]
-            spread = abs(n0) * sum(map(abs, r0)) + abs(n1) * sum(map(abs, r1)) + abs(n2) * sum(map(abs, r2))
-            offset = n0 * translation[0] + n1 * translation[1] + n2 * translation[2]
-            reach = abs(n0 * translation[0]) + abs(n1 * translation[1]) + abs(n2 * translation[2]) + abs(bound)
-            coefficients.append(
-                [min(w, 0.0) for w in world]
-                + [max(w, 0.0) for w in world]
-                + [
-                    region.radius_scale * (1.0 + _BLOCK_SLACK) * norm,
-                    offset - bound + _BLOCK_SLACK * (reach + spread * self.magnitude),
-                ]
-            )
-        coefficients = torch.tensor(coefficients, dtype=torch.float64, device=self.bounds.device)
+        coefficients = block_coefficients(region, self.magnitude).to(self.bounds.device)
         return ~((coefficients @ self.bounds).amin(dim=0) < 0)
 
 

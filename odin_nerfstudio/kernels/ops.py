@@ -32,7 +32,7 @@ from torch import Tensor
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate
-from odin_nerfstudio.culling.candidates import _BLOCK_SLACK, BoundingSpheres, CullRegion
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion, block_coefficients
 from odin_nerfstudio.kernels import _backend, _torch_impl
 
 _forced_reference = False
@@ -66,26 +66,6 @@ def region_vector(region: CullRegion) -> Tensor:
     values = [v for row in rotation for v in row] + list(translation)
     values += [region.radius_scale, region.near_plane, *sides, *((1.0 + s * s) ** 0.5 for s in sides)]
     return torch.tensor(values, dtype=torch.float64)
-
-
-def block_coefficients(region: CullRegion, magnitude: float) -> Tensor:
-    """The block test's float64 [5, 8] coefficients, as ``_Blocks.meeting`` builds them (see its docstring)."""
-    (r0, r1, r2), translation = region.pose
-    coefficients = []
-    for (n0, n1, n2), norm, bound in region.planes():
-        world = [n0 * r0[j] + n1 * r1[j] + n2 * r2[j] for j in range(3)]
-        spread = abs(n0) * sum(map(abs, r0)) + abs(n1) * sum(map(abs, r1)) + abs(n2) * sum(map(abs, r2))
-        offset = n0 * translation[0] + n1 * translation[1] + n2 * translation[2]
-        reach = abs(n0 * translation[0]) + abs(n1 * translation[1]) + abs(n2 * translation[2]) + abs(bound)
-        coefficients.append(
-            [min(w, 0.0) for w in world]
-            + [max(w, 0.0) for w in world]
-            + [
-                region.radius_scale * (1.0 + _BLOCK_SLACK) * norm,
-                offset - bound + _BLOCK_SLACK * (reach + spread * magnitude),
-            ]
-        )
-    return torch.tensor(coefficients, dtype=torch.float64)
 
 
 def cull_conflicts(
