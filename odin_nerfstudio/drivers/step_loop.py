@@ -114,18 +114,32 @@ def await_published(runtime: OdinRuntime, step: int) -> None:
         RuntimeError: if this process has not yet sent its part of a step up to ``step`` (it would wait forever).
     """
     runtime.progress()
+    start = runtime.timeline.now()
+    blocked = runtime.published_through < step
     while runtime.published_through < step:
         if not runtime.await_publication(runtime.config.wait_timeout_s):
             raise RuntimeError(
                 f"waiting for step {step} to be published, but this process has not sent its part of step "
                 f"{runtime.published_through + 1} yet"
             )
+    if blocked:
+        _record_block(runtime, "window", step, start)
 
 
 def settle(runtime: OdinRuntime) -> None:
     """Block until every step whose exchange this process started is published (each wait bounded by
     ``wait_timeout_s``), then check that nothing is left in flight (:meth:`OdinRuntime.drain`)."""
     runtime.progress()
+    start, first = runtime.timeline.now(), runtime.published_through
     while runtime.await_publication(runtime.config.wait_timeout_s):
         pass
+    if runtime.published_through != first:
+        _record_block(runtime, "settle", runtime.published_through, start)
     runtime.drain()
+
+
+def _record_block(runtime: OdinRuntime, reason: str, step: int, start_ns: int) -> None:
+    """Put a block of the driver on the timeline as a wait of the process (track -1), so the timeline's exposed
+    wait holds it too: ``window`` (a step's overlap-window gate) or ``settle`` (before a checkpoint, evaluation,
+    structural change or the end)."""
+    runtime.timeline.record("wait", -1, step, start_ns, {"reason": reason, "on_step": step})

@@ -56,6 +56,9 @@ def _rank(rank: int, init_file: str, out_dir: str, gated: bool, expect: bool) ->
         (Path(out_dir) / f"marks{rank}.json").write_text(json.dumps(marks))
         counters = runtime.counters
         failures = {"stale": counters.validation_failures.get("stale", 0), "raw": counters.waits.get("raw", 0)}
+        for reason in ("window", "settle"):
+            blocks = [e for e in runtime.timeline.events if e.name == "wait" and e.args.get("reason") == reason]
+            failures[reason] = len(blocks)
         (Path(out_dir) / f"counters{rank}.json").write_text(json.dumps(failures))
         torch.save(snapshot(runtime), Path(out_dir) / f"snapshot{rank}.pt")
     except BaseException:
@@ -77,7 +80,7 @@ def train(tmp_path: Path, gated: bool, expect: bool = False) -> tuple[dict[int, 
 
 
 def counters(tmp_path: Path) -> list[dict[str, int]]:
-    """Per rank: its stale validation failures and RAW waits."""
+    """Per rank: its stale validation failures, RAW waits, and the driver's blocks on the timeline (window, settle)."""
     return [json.loads((tmp_path / f"counters{rank}.json").read_text()) for rank in range(2)]
 
 
@@ -87,6 +90,7 @@ def test_read_gate_holds_reads_until_the_previous_step_is_published(tmp_path: Pa
     late = [step for step, mark in marks.items() if mark < step - 1]
     if gated:
         assert not late, f"steps {late} read before step - 1 was published"
+        assert counters(tmp_path)[0]["window"] > 0, "the fast rank's blocks at the gate are on its timeline as waits"
     else:
         assert late, "without the gate the fast rank reads ahead of the slow rank's publications"
         assert counters(tmp_path)[0]["stale"] > 0, "reading ahead of a conflicting publication ends in a re-run"
