@@ -204,11 +204,20 @@ class TimelineMeter:
         self._wait_union: list[list[int]] = []
         self._exposed_ns = 0
 
-    def consume(self, events: Sequence[Event]) -> None:
-        """Take the events of ``events`` not yet consumed (a timeline's growing list, passed again and again)."""
-        for event in events[self.consumed :]:
+    def consume(self, events: Sequence[Event], recorded: int | None = None) -> None:
+        """Take the events of ``events`` not yet consumed: a timeline's events, passed again and again as they grow.
+
+        Args:
+            events: the latest events, oldest first (a timeline may keep only a window of them).
+            recorded: how many events the timeline has recorded in all (``Timeline.recorded``; default
+                ``len(events)``): the last ``recorded - consumed`` of ``events`` are new. Events dropped from the
+                window before they were consumed are not counted.
+        """
+        recorded = len(events) if recorded is None else recorded
+        new = min(recorded - self.consumed, len(events))
+        for event in reversed([event for _, event in zip(range(new), reversed(events))]):
             self._take(event)
-        self.consumed = len(events)
+        self.consumed = recorded
 
     def _take(self, event: Event) -> None:
         duration = event.end_ns - event.start_ns

@@ -139,6 +139,19 @@ def test_incremental_meter_equals_one_shot() -> None:
     assert meter.metrics() == rank_metrics(0, rank0)
 
 
+def test_incremental_meter_reads_a_windowed_timeline() -> None:
+    """A timeline that keeps only its latest events (a long run): the meter takes each new event once, by count."""
+    rank0, _ = barrier_ranks()
+    timeline = Timeline(max_events=3)
+    meter = TimelineMeter(0)
+    for event in rank0:
+        timeline.events.append(event)
+        timeline.recorded += 1
+        meter.consume(timeline.events, timeline.recorded)
+    assert len(timeline.events) == 3 < len(rank0) and meter.consumed == len(rank0)
+    assert meter.metrics() == rank_metrics(0, rank0)
+
+
 def test_chrome_trace_and_run_folder_read_back_to_the_same_figures(tmp_path: Path) -> None:
     rank0, rank1 = barrier_ranks()
     folder = tmp_path / "run"
