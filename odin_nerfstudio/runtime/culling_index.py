@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import StepRows, union_sorted

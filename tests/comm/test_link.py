@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
 from odin_nerfstudio.comm.link import (
     PRESETS,
     LinkModel,
@@ -132,7 +133,8 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-        end = linked_distributed(DistributedTransport(template(), timeout=30.0), GLOO_LINK)
+        transport = DistributedTransport(template(), timeout=30.0, stats_schema=STATS_SCHEMA)
+        end = linked_distributed(transport, GLOO_LINK)
         lines = []
         for step in range(2):
             handle = end.start_exchange(step, local_update(step, rank))
