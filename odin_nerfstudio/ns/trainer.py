@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Literal, Type
 
@@ -278,6 +280,8 @@ class OdinTrainer(Trainer):
             self._settle()
             if self.pipeline.datamanager.rank == 0:
                 super().eval_iteration(step)
+                # Fault injection for tests: an evaluation as slow as a full-resolution one on a large scene.
+                time.sleep(float(os.environ.get("ODIN_FAULT_EVAL_DELAY_S", "0")))
             self._after_rank0_work("evaluation", step)
 
     def save_checkpoint(self, step: int) -> None:

@@ -109,7 +109,9 @@ def test_an_evaluation_on_rank_0_longer_than_the_wait_timeout_does_not_fail_the_
     args[args.index("--steps-per-eval-all-images") + 1] = "6"
     eval_half = ["odin-colmap", "--eval-interval", "2"]  # 6 of the 12 views held out: an evaluation of seconds
     command = torchrun(*args, "--runtime.wait-timeout-s", "1", *eval_half)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment())
+    # Rank 0's evaluation made 2 s slower than it is here, whatever the machine's speed: longer than the timeout.
+    slow_evaluation = {**environment(), "ODIN_FAULT_EVAL_DELAY_S": "2"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=slow_evaluation)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     waited = [float(line.split("waited ")[1].split(" s")[0]) for line in output.splitlines() if "for rank 0's evaluation" in line]

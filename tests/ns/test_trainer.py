@@ -151,7 +151,7 @@ def test_an_emulated_interconnect_delays_every_exchange_and_changes_no_bit(stree
     linked_config.interconnect = "pcie"
     linked = train(linked_config)
     plain = train(trainer_config(street, tmp_path / "plain", 8))
-    assert [type(t) for t in linked.runtime.transports] == [LinkedTransport, LinkedTransport]
+    assert [type(t) for t in linked.runtime.exchange.transports] == [LinkedTransport, LinkedTransport]
     comm = [e.end_ns - e.start_ns for e in linked.runtime.timeline.events if e.name == "comm"]
     assert len(comm) == 2 * 8 and min(comm) >= PRESETS["pcie"].latency_s * 1e9
     assert_identical(snapshot(linked), snapshot(plain))
