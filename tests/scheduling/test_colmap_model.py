@@ -45,8 +45,8 @@ def test_real_models_validate(any_real_scene: Path) -> None:
 
 @pytest.mark.parametrize("stem", ["cameras", "images", "points3D"])
 @pytest.mark.parametrize("keep", [0.05, 0.5, 0.999])
-def test_a_truncated_file_is_refused_naming_it(fern: Path, tmp_path: Path, stem: str, keep: float) -> None:
-    sparse = truncated_model(fern, tmp_path / "sparse", stem, keep)
+def test_a_truncated_file_is_refused_naming_it(kermit_320: Path, tmp_path: Path, stem: str, keep: float) -> None:
+    sparse = truncated_model(kermit_320, tmp_path / "sparse", stem, keep)
     start = time.monotonic()
     with pytest.raises(ValueError, match=rf"{stem}\.bin .*is corrupt: .*(bytes|NUL)") as error:
         read_colmap_tracks(sparse)
@@ -54,9 +54,9 @@ def test_a_truncated_file_is_refused_naming_it(fern: Path, tmp_path: Path, stem:
     assert "truncated" in str(error.value)
 
 
-def test_bytes_after_the_last_record_are_refused(fern: Path, tmp_path: Path) -> None:
+def test_bytes_after_the_last_record_are_refused(kermit_320: Path, tmp_path: Path) -> None:
     sparse = tmp_path / "sparse"
-    shutil.copytree(fern / "sparse" / "0", sparse)
+    shutil.copytree(kermit_320 / "sparse" / "0", sparse)
     path = sparse / "points3D.bin"
     path.chmod(0o644)
     path.write_bytes(path.read_bytes() + b"\0" * 7)
@@ -64,9 +64,11 @@ def test_bytes_after_the_last_record_are_refused(fern: Path, tmp_path: Path) -> 
         read_colmap_tracks(sparse)
 
 
-def test_odin_schedule_refuses_a_truncated_points3d_quickly_with_bounded_memory(fern: Path, tmp_path: Path) -> None:
+def test_odin_schedule_refuses_a_truncated_points3d_quickly_with_bounded_memory(
+    kermit_320: Path, tmp_path: Path
+) -> None:
     scene = tmp_path / "scene"
-    truncated_model(fern, scene / "sparse" / "0", "points3D", 0.6)
+    truncated_model(kermit_320, scene / "sparse" / "0", "points3D", 0.6)
     command = [sys.executable, "-c", PEAK_RSS, str(BIN / "odin-schedule"), "--data", str(scene)]
     start = time.monotonic()
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
