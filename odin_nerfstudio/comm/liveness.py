@@ -54,18 +54,26 @@ class Heartbeat:
         self.world_size = world_size
         self._store = _client()
         self._store.set(f"{PREFIX}/where/{rank}", f"{socket.gethostname()} {os.getpid()}")
-        threading.Thread(target=self._beat, args=(_client(),), name="odin-heartbeat", daemon=True).start()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(_client(),), name="odin-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the heartbeat before the process group goes: a thread still inside a store call when the interpreter
+        exits aborts the process ("terminate called without an active exception")."""
+        self._stopped.set()
+        self._thread.join(timeout=BEAT_INTERVAL_S + STORE_TIMEOUT.total_seconds())
 
     @staticmethod
     def _beat_key(rank: int) -> str:
         return f"{PREFIX}/beat/{rank}"
 
     def _beat(self, store: dist.TCPStore) -> None:
-        """Bump this rank's counter every second until the process ends (a store error ends the thread)."""
+        """Bump this rank's counter every second until :meth:`stop` (a store error ends the thread)."""
         try:
-            while True:
+            while not self._stopped.is_set():
                 store.add(self._beat_key(self.rank), 1)
-                time.sleep(BEAT_INTERVAL_S)
+                self._stopped.wait(BEAT_INTERVAL_S)
         except RuntimeError:
             return
 

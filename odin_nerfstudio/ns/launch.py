@@ -85,6 +85,7 @@ def main(config: TrainerConfig) -> None:
         trainer.train()
     except BaseException as error:
         _end_job(error, rank, heartbeat)
+    heartbeat.stop()
     dist.destroy_process_group()
 
 
