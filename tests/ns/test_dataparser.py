@@ -122,7 +122,7 @@ def test_text_models_are_read_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize("stem", ["cameras", "images", "points3D"])
 def test_a_truncated_model_file_is_refused_naming_it(tmp_path: Path, stem: str) -> None:
     """ns-train's and odin-train's dataparser validate the binary files before pycolmap or nerfstudio read them."""
-    scene = copy_scene(real_scene("kermit"), tmp_path / "kermit")
+    scene = copy_scene(real_scene("kermit_320"), tmp_path / "kermit")
     path = scene / "sparse" / "0" / f"{stem}.bin"
     data = path.read_bytes()
     path.unlink()
