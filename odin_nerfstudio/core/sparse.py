@@ -47,6 +47,16 @@ class SparseUpdate:
         return total.sqrt()
 
 
+def densified(update: SparseUpdate, num_rows: int) -> SparseUpdate:
+    """``update`` over every row 0..num_rows-1, zeros where it has no gradient (a DDP-style dense gradient)."""
+    rows = torch.arange(num_rows, dtype=torch.int64, device=update.rows.device)
+    grads = {
+        name: grad.new_zeros((num_rows, *grad.shape[1:])).index_copy_(0, update.rows, grad)
+        for name, grad in update.grads.items()
+    }
+    return SparseUpdate(rows=rows, grads=grads, stats=update.stats)
+
+
 def tensor_bytes(tensor: Tensor) -> int:
     """Bytes of one tensor's elements."""
     return tensor.numel() * tensor.element_size()

@@ -75,6 +75,9 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     gradients summed, one update (a plain nerfstudio loop over `next_train` would take one view per iteration)."""
     schedule_seed: int = 0
     """Seeds the schedule's per-epoch shuffle."""
+    schedule_order: Literal["rlg", "random"] = "rlg"
+    """rlg: Odin's locality schedule (consecutive steps loosely connected); random: a seeded random order of the
+    views, the paper's "overlap without locality" control."""
     ring_size: tyro.conf.Suppress[int] = 4
     """K, the farthest back (in steps) a step's overlap window reaches: not a flag of its own, OdinTrainer sets it
     from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
@@ -95,6 +98,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
             num_workers=workers,
             views_per_worker=self.views_per_step,
             seed=self.schedule_seed,
+            order=self.schedule_order,
             ring_size=self.ring_size,
             overlap_threshold=self.overlap_threshold,
         )

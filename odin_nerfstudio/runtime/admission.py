@@ -16,6 +16,16 @@ registered in :data:`POLICIES`. See ``docs/architecture.md``.
   stale_fraction, the producers' gradient magnitude on each of those rows < stale_grad_ratio x the mean over the
   producer's staged active set, and no row is more than max_staleness steps stale; only "stale" validation
   failures (a write unknown at admission) are re-run, so no final read exceeds the bounds.
+
+The paper's controls, each one mode of the same code:
+
+- :class:`DenseBarrierPolicy` ("ddp"): what a ``DistributedDataParallel`` trainer does: a global wait per step,
+  every task reads every row (no culling), its update is dense (every row, zeros where it has no gradient) and
+  Adam steps every row (moments decay and momentum moves rows without a gradient, as ``torch.optim.Adam`` does).
+- "barrier" itself is "locality without overlap" (the RLG schedule behind the barrier); "overlap without locality"
+  is "quality" on ``--pipeline.datamanager.schedule-order random``.
+- :class:`HogwildPolicy` ("hogwild"): no synchronization of reads: every conflict is read stale, whatever its
+  size or age (within the ring), nothing is validated or re-run; publications still apply each step's sum.
 """
 
 from __future__ import annotations
@@ -38,6 +48,10 @@ class AdmissionPolicy:
     """The reads a mode admits; the base class waits on every conflict and re-runs every failed task."""
 
     mode: ClassVar[str]
+    reads_every_row: ClassVar[bool] = False
+    """Whether a task reads (and its update covers) every row of the model instead of its culled C(t)."""
+    validates: ClassVar[bool] = True
+    """Whether a task's read is validated against the synchronous state before its update is exchanged."""
 
     @classmethod
     def of(cls, config: OdinRuntimeConfig) -> AdmissionPolicy:
@@ -149,7 +163,38 @@ class ThroughputPolicy(AdmissionPolicy):
             stale.kept = True
 
 
+class DenseBarrierPolicy(BarrierPolicy):
+    """The DDP-style control: the barrier, every row read, a dense update and a dense Adam step (no validation:
+    with every row read there is nothing to escape, and the barrier leaves nothing stale)."""
+
+    mode = "ddp"
+    reads_every_row = True
+    validates = False
+
+
+class HogwildPolicy(AdmissionPolicy):
+    """The HOGWILD control: reads never wait for a publication (only for a free ring slot); every conflicting row
+    is read stale and nothing is validated or re-run."""
+
+    mode = "hogwild"
+    validates = False
+
+    def admit_stale(
+        self, task: Task, candidate: torch.Tensor, conflicts: Conflicts, open_slots: Sequence[RingSlot], params: dict
+    ) -> tuple[tuple[StepRows, ...], StaleRead] | None:
+        """Always: every conflicting row, for every pending step."""
+        first = int(conflicts.first_step.min())
+        fraction = conflicts.rows.numel() / max(candidate.numel(), 1)
+        stale = StaleRead(task.key, conflicts.rows.numel(), task.step - first, fraction, kept=True)
+        return tuple(StepRows(step, conflicts.rows) for step in range(first, task.step)), stale
+
+    def reruns(self, failures: Sequence[str]) -> bool:
+        """Never."""
+        return False
+
+
 POLICIES: dict[str, type[AdmissionPolicy]] = {
-    policy.mode: policy for policy in (BarrierPolicy, QualityPolicy, ThroughputPolicy)
+    policy.mode: policy
+    for policy in (BarrierPolicy, QualityPolicy, ThroughputPolicy, DenseBarrierPolicy, HogwildPolicy)
 }
 """Every mode's policy class, by the mode's name (``OdinRuntimeConfig.mode``)."""

@@ -10,7 +10,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 if TYPE_CHECKING:
     from odin_nerfstudio.scheduling.schedule import ScheduleConfig
 
-Mode = Literal["quality", "throughput", "barrier"]
+Mode = Literal["quality", "throughput", "barrier", "ddp", "hogwild"]
 
 
 @dataclass
@@ -19,7 +19,9 @@ class OdinRuntimeConfig:
 
     Attributes:
         mode: the admission policy (``admission.py``): "quality" (exact, waits on conflicting rows), "throughput"
-            (admits bounded stale reads) or "barrier" (global wait per step, the reference).
+            (admits bounded stale reads) or "barrier" (global wait per step, the reference); the paper's controls
+            "ddp" (barrier, every row read, dense update and Adam, as DistributedDataParallel) and "hogwild" (reads
+            never wait, nothing validated).
         ring_slots: K, steps that may be staged at once (step s may read once step s - K is published).
         stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
         stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.

@@ -34,6 +34,7 @@ from odin_nerfstudio.comm.transport import Transport
 from odin_nerfstudio.core.conflicts import StepRows, raw, union_sorted
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.sparse import densified
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import Task, task_generator
 from odin_nerfstudio.runtime.adapter import RenderAdapter, active_positions
@@ -133,7 +134,7 @@ class OdinRuntime:
         if gate is not None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return meter.count_wait(Wait(task, gate[0], gate[1], empty))
-        candidate = self.index.candidates(task)
+        candidate = self._candidates(task)
         writes = [slot.writes() for slot in self.shadow.open_slots() if slot.step < step]
         conflicts = raw(candidate, step, writes + self.remote.writes(step, self.published_through))
         admitted: tuple[StepRows, ...] = ()
@@ -145,6 +146,12 @@ class OdinRuntime:
             admitted, stale = admission
             meter.counters.stale_reads.append(stale)
         return self._admit(task, candidate, admitted)
+
+    def _candidates(self, task: Task) -> Tensor:
+        """C(t) on the current state: culled by the index, or every row for a policy that reads every row."""
+        if self.policy.reads_every_row:
+            return torch.arange(self.num_primitives, dtype=torch.int64, device=self.device)
+        return self.index.candidates(task)
 
     def _admit(self, task: Task, candidate: Tensor, admitted: tuple[StepRows, ...] = ()) -> Read:
         """Let ``task`` read ``candidate`` (a first read, or a re-run on the synchronous state): declare it as the
@@ -229,6 +236,9 @@ class OdinRuntime:
         """Validate the worker's tasks of ``step`` on the synchronous state, re-run failures, start the exchange."""
         slot = self.shadow.slot(step)
         for key in sorted(k for k in slot.staged if k[1] == worker):
+            if not self.policy.validates:
+                self.log.final(key)
+                continue
             task = self.log.tasks[key]
             failures, escaped = self.validator.validate(task, self.log.reads[key])
             self.meter.count_failures(failures)
@@ -236,11 +246,14 @@ class OdinRuntime:
             self.policy.settled(key, rerun)
             if rerun:
                 self.counters.reruns += 1
-                candidate = union_sorted([self.index.candidates(task), escaped], self.device)
+                candidate = union_sorted([self._candidates(task), escaped], self.device)
                 read = self._admit(task, candidate)
                 self._stage(read, self._render_and_backward(read))
             self.log.final(key)
-        self.exchange.start(step, worker, self.shadow.local_update(step, worker, self.params))
+        update = self.shadow.local_update(step, worker, self.params)
+        if self.policy.reads_every_row:
+            update = densified(update, self.num_primitives)
+        self.exchange.start(step, worker, update)
 
     @bookkeeping
     def publish(self, step: int) -> None:

@@ -60,6 +60,7 @@ import json
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -91,6 +92,8 @@ class ScheduleConfig:
         overlap_threshold: largest conflict mass per view of a step with an earlier step for the two to overlap.
         cost_per_point: predicted cost of one observed SfM point of a view (Gaussians it touches).
         cost_per_pixel: predicted cost of one pixel of a view (rasterization); 1000 pixels weigh one point.
+        order: "rlg", the locality schedule above; "random", the control without locality (the paper's "overlap
+            without locality"): each epoch's seeded random baseline, chunked into steps of S, LPT-assigned.
     """
 
     num_workers: int = 1
@@ -100,6 +103,7 @@ class ScheduleConfig:
     overlap_threshold: float = 0.1
     cost_per_point: float = 1.0
     cost_per_pixel: float = 1e-3
+    order: Literal["rlg", "random"] = "rlg"
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "views_per_worker", "ring_size"):
@@ -111,6 +115,8 @@ class ScheduleConfig:
         for name in ("overlap_threshold", "cost_per_point", "cost_per_pixel"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ScheduleConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.order not in ("rlg", "random"):
+            raise ValueError(f"ScheduleConfig.order must be 'rlg' or 'random', got {self.order!r}")
 
     @property
     def step_size(self) -> int:
@@ -296,21 +302,26 @@ class Schedule:
     def _plan(self, epoch: int) -> EpochPlan:
         """Generate epoch ``epoch``: group, order, assign, then measure conflicts."""
         config, weights = self.config, self.rlg.weights
+        random_groups = self._random_groups(epoch)
+        random_mass = conflict_by_lag(self._edges, group_of_views(random_groups, self.num_views), len(random_groups), 1)
+        if config.order == "random":
+            return self._assemble(epoch, random_groups, float(random_mass.sum()))
         rng = np.random.default_rng([config.seed, epoch, 0])
         groups = grow_groups(weights, rng.permutation(self.num_views), config.step_size)
         order = order_groups(weights, groups, config.step_size, config.ring_size, rng)
         groups = [groups[i] for i in untangle(weights, groups, order, config.step_size)]
         lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), config.ring_size)
-        random_groups = self._random_groups(epoch)
-        random_mass = conflict_by_lag(self._edges, group_of_views(random_groups, self.num_views), len(random_groups), 1)
         if lag_mass[:, 0].sum() > random_mass.sum():
             groups = random_groups
-            lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), config.ring_size)
+        return self._assemble(epoch, groups, float(random_mass.sum()))
+
+    def _assemble(self, epoch: int, groups: list[np.ndarray], random_mass: float) -> EpochPlan:
+        """Epoch ``epoch`` from its ordered groups of views: LPT tasks, conflict masses and overlap windows."""
+        ring = self.config.ring_size
+        lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), ring)
         first = epoch * self.steps_per_epoch
-        steps = tuple(
-            self._step(first + s, epoch, views, lag_mass[s], min(s, config.ring_size)) for s, views in enumerate(groups)
-        )
-        return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=float(random_mass.sum()))
+        steps = tuple(self._step(first + s, epoch, views, lag_mass[s], min(s, ring)) for s, views in enumerate(groups))
+        return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=random_mass)
 
     def _random_groups(self, epoch: int) -> list[np.ndarray]:
         """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S."""

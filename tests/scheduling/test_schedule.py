@@ -295,3 +295,19 @@ def test_untangle_reverses_runs_until_the_chain_stops_conflicting() -> None:
     six = np.zeros((7, 7))
     six[1, 2] = six[2, 1] = six[3, 4] = six[4, 3] = 1.0
     assert untangle(sparse.csr_matrix(six), pairs, [0, 1, 2, 3], 2)[-1] == 3
+
+
+def test_random_order_is_the_seeded_random_baseline() -> None:
+    """`order="random"` (the paper's "overlap without locality" control) trains each epoch's random baseline: its
+    conflict mass is the baseline's, and the street's locality schedule conflicts less."""
+    rlg = RelativeLocalityGraph.from_point_sets(street_point_sets(64, seed=0))
+    config = ScheduleConfig(num_workers=2, views_per_worker=2, seed=3)
+    rlg_order = Schedule(rlg, config)
+    random_order = Schedule(rlg, ScheduleConfig(num_workers=2, views_per_worker=2, seed=3, order="random"))
+    for epoch in range(2):
+        plan = random_order.epoch(epoch)
+        assert_valid_epoch(random_order, epoch)
+        assert plan.conflict_mass == pytest.approx(random_order.random_conflict_profile(epoch).sum())
+        assert rlg_order.epoch(epoch).conflict_mass < plan.conflict_mass
+    with pytest.raises(ValueError, match="order"):
+        ScheduleConfig(order="greedy")
