@@ -1,25 +1,30 @@
-"""Training benchmark: odin-splat through ns-train's command line on W processes, barrier against Odin's modes.
+"""Training benchmark: odin-splat through ns-train's command line on W processes, Odin's modes against the controls.
 
 Why: DESIGN.md's measurements from real runs of the product, side by side: throughput (views/s) and its share of
 the wait-free bound, each worker's idle and exposed wait share, the barrier's wait each mode hides, the conflict
 rate, the fallback (re-run) rate, stale reads and their staleness, and the held-out PSNR the mode ends with.
-Barrier is the synchronous baseline; quality-first must end at the same model; throughput-first may admit bounded
-stale reads.
+Quality-first must end at the barrier's model; throughput-first may admit bounded stale reads.
 
-Scene: an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians`` procedural
-Gaussians); nerfstudio holds out every 8th view for evaluation.
+Variants (one flag each, the same code): the paper's controls, ``ddp`` (DDP-style dense barrier: every row read,
+dense update and Adam), ``barrier`` (locality without overlap: the RLG schedule behind a barrier),
+``quality-random`` (overlap without locality: quality-first on a seeded random order), ``hogwild`` (no
+synchronization of reads), and Odin's ``quality`` and ``throughput`` (the paper's t = 0.2, K = 4).
 
-Run: per interconnect and mode, ``torchrun --nproc-per-node W --no-python odin-train odin-splat ... --runtime.mode
-MODE --interconnect LINK`` (gloo on CPU, one torch thread per rank, NCCL with ``--device cuda``), ``--iterations``
-schedule steps, then ``ns-eval`` on rank 0's last checkpoint. ``--interconnect none,10gbe`` runs every mode on
+Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
+procedural Gaussians of which ``--points`` are offered as SfM points), and a dense scene (``--dense``: odin-synth's
+object, every view sees most of it), run with ``--dense-modes``; nerfstudio holds out every 8th view.
+
+Run: per scene, interconnect and variant, ``torchrun --nproc-per-node W --no-python odin-train odin-splat ...
+--interconnect LINK`` (gloo on CPU, one torch thread per rank, NCCL with ``--device cuda``), ``--iterations``
+schedule steps, then ``ns-eval`` on rank 0's last checkpoint. ``--interconnect none,10gbe`` runs every variant on
 plain loopback and again behind the emulated 10 GbE-class link (``odin_nerfstudio.comm.link``: every exchange
 delayed by latency + bytes / bandwidth, the same for every mode). Figures come from each rank's
 ``odin_timeline_rank<r>.json`` (Chrome trace) and ``odin_counters_rank<r>.json``, computed as
 ``odin_nerfstudio.core.timeline_metrics`` defines them: views/s over the longest rank's span, the wait-free bound
 (views over the largest per-rank compute: render, backward, bookkeeping) and the share of it reached, idle and
 exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per view, that a mode removes, against
-the barrier run on the same interconnect), conflicting tasks and re-runs per task, stale reads and their staleness.
-``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
+the barrier run on the same scene and interconnect), conflicting tasks and re-runs per task, stale reads and their
+staleness. ``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
 
 Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--quick]``; ``--quick`` runs
 a small scene for a few steps (for tests) and never writes BENCHMARKS.md. Otherwise the figures replace the section
@@ -49,7 +54,15 @@ from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
 
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
-MODES = ("barrier", "quality", "throughput")
+VARIANTS = {
+    "ddp": ("--runtime.mode", "ddp"),
+    "barrier": ("--runtime.mode", "barrier"),
+    "quality": ("--runtime.mode", "quality"),
+    "quality-random": ("--runtime.mode", "quality", "--pipeline.datamanager.schedule-order", "random"),
+    "throughput": ("--runtime.mode", "throughput"),
+    "hogwild": ("--runtime.mode", "hogwild"),
+}
+"""Each variant's flags: Odin's modes and the paper's controls."""
 
 
 @dataclass
@@ -57,6 +70,7 @@ class ModeRun:
     """What one mode's run produced: its timeline figures, every rank's counters, the wall time and the PSNR."""
 
     mode: str
+    scene: str
     interconnect: str
     metrics: RunMetrics
     counters: list[dict]
@@ -69,10 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="W, processes (one schedule worker each)")
     parser.add_argument("--views", type=int, default=64, help="views of the synthetic street")
-    parser.add_argument("--street-length", type=float, default=80.0, help="street length (m)")
-    parser.add_argument("--gaussians", type=int, default=40_000, help="Gaussians of the procedural world")
-    parser.add_argument("--iterations", type=int, default=120, help="schedule steps per mode")
-    parser.add_argument("--modes", nargs="*", default=list(MODES), help="runtime modes to run")
+    parser.add_argument("--street-length", type=float, default=300.0, help="street length (m)")
+    parser.add_argument("--gaussians", type=int, default=100_000, help="Gaussians of the procedural world")
+    parser.add_argument("--points", type=int, default=20_000, help="Gaussian centres offered as SfM points")
+    parser.add_argument("--iterations", type=int, default=120, help="schedule steps per run")
+    parser.add_argument("--modes", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), help="variants to run")
+    parser.add_argument("--dense", action=argparse.BooleanOptionalAction, default=True, help="also the dense scene")
+    parser.add_argument("--dense-modes", nargs="*", default=["ddp", "barrier", "quality"], choices=list(VARIANTS))
     parser.add_argument(
         "--interconnect",
         default="none",
@@ -89,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in args.interconnect:
         link_preset(name)
     if args.quick:
-        args.views, args.gaussians, args.iterations, args.no_write = 16, 6000, 6, True
+        args.views, args.gaussians, args.points, args.iterations, args.no_write = 16, 6000, 2000, 6, True
+        args.street_length, args.dense = 80.0, False
     return args
 
 
@@ -113,19 +131,26 @@ def free_port() -> int:
 
 
 def make_street(args: argparse.Namespace, folder: Path) -> Path:
-    """The synthetic street the modes train on."""
+    """The sparse synthetic street."""
     scene = folder / "street"
     command = [str(BIN / "odin-synth"), "--preset", "street", "--output", str(scene)]
     command += ["--num-views", str(args.views), "--street-length", str(args.street_length)]
-    command += ["--num-gaussians", str(args.gaussians)]
+    command += ["--num-gaussians", str(args.gaussians), "--num-points", str(args.points)]
     run(command, args.timeout)
     return scene
 
 
+def make_object(args: argparse.Namespace, folder: Path) -> Path:
+    """The dense scene: odin-synth's object (the quickstart's scene), every view sees most of it."""
+    scene = folder / "object"
+    run([str(BIN / "odin-synth"), "--preset", "object", "--output", str(scene)], args.timeout)
+    return scene
+
+
 def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, interconnect: str) -> ModeRun:
-    """Train ``mode`` on W ranks behind ``interconnect``, evaluate rank 0's checkpoint, read every rank's trace and
-    counters."""
-    name = f"{mode}-{interconnect}"
+    """Train variant ``mode`` on W ranks behind ``interconnect``, evaluate rank 0's checkpoint, read every rank's
+    trace and counters."""
+    name = f"{scene.name}-{mode}-{interconnect}"
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(args.workers), "--master-port", str(free_port())]
     train = [
         "--no-python",
@@ -155,8 +180,7 @@ def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, i
         "0",
         "--pipeline.model.num-downscales",
         "0",
-        "--runtime.mode",
-        mode,
+        *VARIANTS[mode],
         "--interconnect",
         interconnect,
     ]
@@ -172,7 +196,7 @@ def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, i
         draw(metrics, events, args.timeline_dir / f"bench_train_{name}.png")
     counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in range(args.workers)]
     psnr = json.loads(eval_json.read_text())["results"]["psnr"]
-    return ModeRun(mode, interconnect, metrics, counters, wall, psnr)
+    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr)
 
 
 def per_rank(values: list[float]) -> str:
@@ -198,6 +222,7 @@ def mode_rows(run: ModeRun, barrier: ModeRun | None) -> list[tuple[str, str]]:
         ("views trained (renders incl. re-runs)", f"{metrics.views} ({renders})"),
         ("training span, longest rank", f"{metrics.span_s:.1f} s"),
         ("**views/s**", f"**{metrics.views_per_s:.2f}**"),
+        ("views/s relative to barrier", "-" if barrier is None else f"{metrics.views_per_s / barrier.metrics.views_per_s:.2f}x"),
         ("wait-free bound (views / largest rank compute)", f"{metrics.wait_free_views_per_s:.2f} views/s"),
         ("**share of the wait-free bound**", f"**{metrics.bound_share:.0%}**"),
         ("idle share per rank (span outside render, backward, bookkeeping)", per_rank([r.idle_share for r in ranks])),
@@ -213,6 +238,7 @@ def mode_rows(run: ModeRun, barrier: ModeRun | None) -> list[tuple[str, str]]:
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint)", f"**{run.psnr:.2f} dB**"),
+        ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.psnr - 1:+.1%}"),
         ("wall time of the command (start-up included)", f"{run.wall_s:.0f} s"),
     ]
 
@@ -239,9 +265,9 @@ def interconnect_title(name: str) -> str:
 
 
 def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
-    """The markdown section (without markers): one table per interconnect."""
+    """The markdown section (without markers): one table per scene and interconnect."""
     lines = [
-        "## bench_train: odin-splat on W processes, barrier against Odin's modes",
+        "## bench_train: odin-splat on W processes, Odin's modes against the paper's controls",
         "",
         f"Command: `{command}`  ",
         (
@@ -252,26 +278,36 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
         f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",
         (
-            f"Scene: odin-synth street, {args.views} views at 128x96 along {args.street_length:.0f} m, "
-            f"{args.gaussians:,} procedural Gaussians; every 8th view held out. {args.iterations} schedule steps per "
-            "mode through `torchrun ... odin-train odin-splat`, then `ns-eval`. Figures as "
-            "`odin_nerfstudio.core.timeline_metrics` defines them."
+            f"Scenes: the sparse street, odin-synth's street preset, {args.views} views at 128x96 along "
+            f"{args.street_length:.0f} m, {args.gaussians:,} procedural Gaussians, {args.points:,} offered as SfM "
+            "points; the dense scene, odin-synth's object preset (24 views around a torus and a ball). Every 8th view "
+            f"held out. {args.iterations} schedule steps per run through `torchrun ... odin-train odin-splat`, then "
+            "`ns-eval`. Variants: " + ", ".join(f"`{name}` ({' '.join(flags)})" for name, flags in VARIANTS.items())
+            + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them."
         ),
     ]
-    for interconnect in args.interconnect:
-        lines += ["", interconnect_title(interconnect), ""]
-        lines += table([run for run in runs if run.interconnect == interconnect])
+    for scene in dict.fromkeys(run.scene for run in runs):
+        for interconnect in args.interconnect:
+            lines += ["", f"Scene: {scene}. {interconnect_title(interconnect)}", ""]
+            lines += table([run for run in runs if run.interconnect == interconnect and run.scene == scene])
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Make the street, train every mode on W ranks, print and record the table."""
+    """Make the scenes, train every variant on W ranks, print and record the tables."""
     args = parse_args(argv)
     command = "python " + shlex.join(["benchmarks/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         folder = Path(tmp)
-        scene = make_street(args, folder)
-        runs = [train_mode(args, scene, folder, mode, link) for link in args.interconnect for mode in args.modes]
+        plans = [(make_street(args, folder), args.modes)]
+        if args.dense:
+            plans.append((make_object(args, folder), args.dense_modes))
+        runs = [
+            train_mode(args, scene, folder, mode, link)
+            for scene, modes in plans
+            for link in args.interconnect
+            for mode in modes
+        ]
     text = report(args, command, runs)
     publish(NAME, text, None if args.no_write else args.output)
 

@@ -49,7 +49,7 @@ def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
 
 
 @pytest.mark.slow
-def test_bench_train_quick_trains_every_mode_on_two_ranks_and_writes_nothing() -> None:
+def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes_nothing() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_train.py"), "--quick"],
         capture_output=True,
@@ -59,10 +59,10 @@ def test_bench_train_quick_trains_every_mode_on_two_ranks_and_writes_nothing() -
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    header = "| figure | barrier | quality | throughput |"
+    header = "| figure | ddp | barrier | quality | quality-random | throughput | hogwild |"
     assert header in result.stdout and "**views/s**" in result.stdout
     assert "| **share of the wait-free bound** |" in result.stdout and "| **hidden wait** " in result.stdout
     psnr = [line for line in result.stdout.splitlines() if line.startswith("| **held-out PSNR**")]
-    values = psnr[0].split("|")[2:5]
-    assert values[0] == values[1], "quality-first ends at the barrier's model, so at its PSNR"
+    values = psnr[0].split("|")[2:8]
+    assert values[1] == values[2], "quality-first ends at the barrier's model, so at its PSNR"
     assert "updated" not in result.stdout

@@ -7,7 +7,7 @@ See :class:`~odin_nerfstudio.culling.candidates.BoundingSpheres` and ``docs/arch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
@@ -69,13 +69,16 @@ class CullingIndex:
 class RemoteTasks:
     """Predicted writes of the tasks other processes run (a distributed run knows them from the shared schedule).
 
-    Until their step is published, their candidate sets, culled on this replica when first needed, count as that
-    step's pending writes, so a read that would miss one of them waits for the publication instead of reading
-    early and being re-run after validation. A prediction only: validation still decides.
+    Until their step is published, their predicted writes, computed on this replica when first needed, count as
+    that step's pending writes, so a read that would miss one of them waits for the publication instead of reading
+    early and being re-run after validation. The prediction is the rows the rasterizer would draw for the task on
+    the current state when a ``predict`` function is given (tight: A(t) is what a render draws and moves), else
+    its candidate set C(t) (a superset: the margin, the bounding spheres). A prediction only: validation decides.
     """
 
-    def __init__(self, index: CullingIndex) -> None:
+    def __init__(self, index: CullingIndex, predict: Callable[[Task], Tensor] | None = None) -> None:
         self.index = index
+        self.predict = predict if predict is not None else index.candidates
         self._tasks: dict[int, list[Task]] = {}
         self._rows: dict[int, Tensor] = {}
 
@@ -92,7 +95,7 @@ class RemoteTasks:
         writes = []
         for step in sorted(s for s in self._tasks if s < before_step):
             if step not in self._rows:
-                sets = [self.index.candidates(task) for task in self._tasks[step]]
+                sets = [self.predict(task) for task in self._tasks[step]]
                 self._rows[step] = union_sorted(sets, self.index.params["means"].device)
             writes.append(StepRows(step, self._rows[step]))
         return writes

@@ -46,7 +46,7 @@ from odin_nerfstudio.runtime.metering import Meter, bookkeeping
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.reads import EscapeCheck, Read, ReadRecord, RenderFn, VisibilityFn, Wait
 from odin_nerfstudio.runtime.shadow import ShadowGraph
-from odin_nerfstudio.runtime.validation import ReadLog, Validator, escape_finder
+from odin_nerfstudio.runtime.validation import ReadLog, Validator, drawn_finder, escape_finder
 
 
 class OdinRuntime:
@@ -97,9 +97,10 @@ class OdinRuntime:
         self.shadow = ShadowGraph(config.ring_slots, device=self.device)
         self.meter = Meter(self.device)
         self.index = CullingIndex(params, self.adapter, config.candidate_margin, config.near_plane)
-        self.remote = RemoteTasks(self.index)
         self.policy = POLICIES[config.mode].of(config)
         finder = None if visibility_fn is None else escape_finder(visibility_fn, self.index, params)
+        drawn = drawn_finder(visibility_fn, self.index, params) if isinstance(visibility_fn, EscapeCheck) else None
+        self.remote = RemoteTasks(self.index, drawn)
         self.validator = Validator(config.ring_slots, self.index, finder)
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)
@@ -114,7 +115,8 @@ class OdinRuntime:
     published_rows = property(lambda self: self.publisher.published_rows, doc="Per step, its rows (record_reads).")
 
     def expect(self, tasks: Sequence[Task]) -> None:
-        """Tasks other processes run: their candidate sets count as pending writes (``culling_index.RemoteTasks``)."""
+        """Tasks other processes run: their predicted writes (the rows they would draw, or C(t) without an
+        escape check) count as pending writes (``culling_index.RemoteTasks``)."""
         self.remote.expect(tasks)
 
     def plan_step(self, step: int, tasks_per_worker: Sequence[int]) -> None:

@@ -41,16 +41,26 @@ def escape_finder(
     def escaped(task: Task, candidate: Tensor) -> Tensor:
         if isinstance(visibility_fn, EscapeCheck):
             rows = index.bounds().rows_in(visibility_fn.drawable(task))
-            rows = rows[~isin_sorted(rows, candidate)]
-            if rows.numel() == 0:
-                return rows
-            gathered = {name: p.detach().index_select(0, rows) for name, p in params.items()}
-            return rows[visibility_fn.visible(task, gathered)]
+            return visible_rows(visibility_fn, task, rows[~isin_sorted(rows, candidate)], params)
         every_row = {name: p.detach() for name, p in params.items()}
         visible = torch.nonzero(visibility_fn(task, every_row)).flatten()
         return visible[~isin_sorted(visible, candidate)]
 
     return escaped
+
+
+def visible_rows(check: EscapeCheck, task: Task, rows: Tensor, params: dict[str, Tensor]) -> Tensor:
+    """Which of ``rows`` (sorted int64 [M]) the rasterizer would draw for ``task`` on the current state."""
+    if rows.numel() == 0:
+        return rows
+    gathered = {name: p.detach().index_select(0, rows) for name, p in params.items()}
+    return rows[check.visible(task, gathered)]
+
+
+def drawn_finder(check: EscapeCheck, index: CullingIndex, params: dict[str, Tensor]) -> Callable[[Task], Tensor]:
+    """The rows the rasterizer would draw for a task on the current state (a superset of its active set A(t) if
+    it rendered now), found in O(|C(t)|) through the drawable region: the tightest prediction of a task's writes."""
+    return lambda task: visible_rows(check, task, index.bounds().rows_in(check.drawable(task)), params)
 
 
 class ReadLog:

@@ -185,3 +185,18 @@ def test_escape_check_on_real_scenes(scene_name: str) -> None:
         assert torch.equal(cheap, visible[~torch.isin(visible, candidate)])
         escaped_somewhere |= cheap.numel() > 0
     assert escaped_somewhere
+
+
+def test_remote_writes_are_predicted_by_the_rows_a_task_would_draw() -> None:
+    """With an EscapeCheck, another rank's expected task counts as pending writes on exactly the rows the projection
+    draws for it (found through the drawable region), a subset of its candidate set: fewer needless waits."""
+    check = EscapeCheck(gsplat_visibility, lambda task: CullRegion.drawable(task.camera))
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params(80), render_fn=render_gsplat, visibility_fn=check)
+    (task,) = make_schedule(1, 1, 1, 6)[0][0]
+    runtime.expect([task])
+    (predicted,) = runtime.remote.writes(before_step=1, published_through=-1)
+    every_row = {name: p.detach() for name, p in runtime.params.items()}
+    drawn = torch.nonzero(gsplat_visibility(task, every_row)).flatten()
+    assert predicted.step == 0 and torch.equal(predicted.rows, drawn)
+    candidate = runtime.index.candidates(task)
+    assert drawn.numel() < candidate.numel()
