@@ -84,9 +84,10 @@ class OdinTrainerConfig(TrainerConfig):
     rank0_work_timeout_s: float = 3600.0
     """Distributed: how long the other ranks wait at a barrier for rank 0's evaluation or checkpoint (which do not
     count against --runtime.wait-timeout-s)."""
-    follow_overlap_window: bool = True
+    follow_overlap_window: bool = False
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
-    low); older steps are waited for first. Off: read as early as the runtime allows (more re-runs on conflict)."""
+    low), waiting for older steps first. Off (default): read as early as the runtime's exact RAW check allows; the
+    check waits on the conflicting rows only, which a schedule-level window (conflict mass per view) cannot see."""
     interconnect: InterconnectName = "none"
     """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
     delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes

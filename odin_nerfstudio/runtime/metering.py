@@ -106,16 +106,23 @@ class Meter:
         self.counters.reordered += reordered
 
     def render_and_backward(
-        self, render_fn: RenderFn, read: Read, before_backward: Callable[[dict[str, Any]], None] | None
+        self,
+        render_fn: RenderFn,
+        read: Read,
+        before_backward: Callable[[dict[str, Any]], None] | None,
+        between: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """Render an admitted read with ``render_fn``, call ``before_backward(info)`` if given, back-propagate;
-        both spans go on the timeline and into ``render_ns`` / ``backward_ns``. Returns the render's info."""
+        """Render an admitted read with ``render_fn``, call ``before_backward(info)`` if given, then ``between()``
+        outside both spans, back-propagate; both spans go on the timeline and into ``render_ns`` / ``backward_ns``.
+        Returns the render's info."""
         task = read.task
         start = self.timeline.now()
         loss, info = render_fn(task, read.leaves, read.generator)
         if before_backward is not None:
             before_backward(info)
         self.counters.render_ns += self._span("render", task, start)
+        if between is not None:
+            between()
         start = self.timeline.now()
         loss.backward()
         self.counters.backward_ns += self._span("backward", task, start)

@@ -23,7 +23,7 @@ or one worker per rank (other ranks' writes are caught by validation or predicte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -183,7 +183,7 @@ class OdinRuntime:
 
     def finish(self, read: Read) -> None:
         """Render an admitted task with ``render_fn``, back-propagate, and run :meth:`after_backward`."""
-        self.after_backward(read, self._render_and_backward(read))
+        self.after_backward(read, self._render_and_backward(read, between=self.progress))
 
     def run_next(self, tasks: Sequence[Task]) -> Task | Wait:
         """:meth:`read_next` then :meth:`finish`: run one of a worker's remaining tasks, or say why none can."""
@@ -193,10 +193,12 @@ class OdinRuntime:
         self.finish(result)
         return result.task
 
-    def _render_and_backward(self, read: Read) -> dict[str, Any]:
-        """Render and back-propagate a read (timed by the meter); returns the render's info."""
+    def _render_and_backward(self, read: Read, between: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Render and back-propagate a read (timed by the meter), calling ``between()`` in between; returns the
+        render's info. :meth:`finish` passes :meth:`progress`: an exchange that arrived during the render is
+        published, and the next step committed, a backward earlier (a re-run inside progress passes nothing)."""
         keep = self.adapter.before_backward if self.strategy_state is not None else None
-        return self.meter.render_and_backward(self.render_fn, read, keep)
+        return self.meter.render_and_backward(self.render_fn, read, keep, between)
 
     @bookkeeping
     def after_backward(self, read: Read, info: dict[str, Any] | None = None) -> None:
