@@ -3,7 +3,8 @@
 It keeps splatfacto's parameters, losses, densification strategy and exporters, so the viewer,
 `ns-export gaussian-splat` and `ns-eval` treat it as splatfacto. It changes three things splatfacto gets
 wrong off a GPU: no hard-coded `.cuda()`, rendering through :func:`odin_nerfstudio.rendering.rasterize.rasterization`
-(gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init.
+(gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init. For a schedule of
+W x B views per step it counts its refinement, SH and resolution schedules in views (`batch_scaling`, Grendel's rule).
 """
 
 from __future__ import annotations
