@@ -178,7 +178,8 @@ def report(args: argparse.Namespace, command: str, runs: list[BatchRun]) -> str:
             "selective-Adam update."
         ),
         "",
-        "| run | W x B | iterations | Gaussian count changed (after view) | Gaussians | train s | PSNR | SSIM | PSNR - 1 worker |",
+        "| run | W x B | iterations | Gaussian count changed (after view) | Gaussians | train s | PSNR | SSIM "
+        "| PSNR - 1 worker |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for batch in runs:

@@ -94,7 +94,8 @@ class BatchScaling:
                     f"batch scaling: the optimizer of {name!r} ({type(optimizer).__name__}) has no lr, betas and eps "
                     f"to scale; use SelectiveAdamOptimizerConfig or turn the rule off ({OFF_FLAG})"
                 )
-            optimizer.lr, optimizer.betas, optimizer.eps = self.adam(optimizer.lr, tuple(optimizer.betas), optimizer.eps)
+            lr, betas, eps = self.adam(optimizer.lr, tuple(optimizer.betas), optimizer.eps)
+            optimizer.lr, optimizer.betas, optimizer.eps = lr, betas, eps
             group["scheduler"] = self._scheduler(name, group.get("scheduler"))
         return scaled
 
