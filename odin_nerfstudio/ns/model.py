@@ -3,7 +3,8 @@
 It keeps splatfacto's parameters, losses, densification strategy and exporters, so the viewer,
 `ns-export gaussian-splat` and `ns-eval` treat it as splatfacto. It changes three things splatfacto gets
 wrong off a GPU: no hard-coded `.cuda()`, rendering through :func:`odin_nerfstudio.rendering.rasterize.rasterization`
-(gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init.
+(gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init. For a schedule of
+W x B views per step it counts its refinement, SH and resolution schedules in views (`batch_scaling`, Grendel's rule).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
 from torch import Tensor
 
+from odin_nerfstudio.ns.batch_scaling import BatchScaling, batch_scaling
+
 ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
+BATCH_SCALING_FLAG = "--pipeline.model.batch-scaling"
 
 
 def get_viewmat(camera_to_world: Tensor) -> Tensor:
@@ -74,6 +78,11 @@ class OdinSplatModelConfig(SplatfactoModelConfig):
     """Splatfacto's options, rendered through Odin's device-agnostic rasterizer."""
 
     _target: Type = field(default_factory=lambda: OdinSplatModel)
+    batch_scaling: bool = True
+    """Grendel's rule for a step of W x B > 1 views (`ns/batch_scaling.py`): learning rates x sqrt(W x B), Adam's
+    betas ** (W x B), and the schedules below (warmup, refinement, opacity reset, SH degree, resolution) and the
+    learning-rate decay counted in views, so W workers reach the same epochs' densification as one. False: every
+    count is in iterations and every rate as configured, whatever the batch."""
 
 
 class OdinSplatModel(SplatfactoModel):
@@ -108,8 +117,45 @@ class OdinSplatModel(SplatfactoModel):
                 grid_Y=self.config.grid_shape[1],
                 grid_W=self.config.grid_shape[2],
             )
+        self.batch = BatchScaling()
         self.strategy = self._make_strategy()
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+
+    def scale_to_batch(self, num_workers: int, views_per_worker: int) -> BatchScaling:
+        """Count the schedules in steps of ``num_workers`` x ``views_per_worker`` views (when the config's
+        `batch_scaling` is on): rebuilds the densification strategy (its statistics start from zero) and returns the
+        rule, whose learning rates the trainer applies to its optimizers. Intervals the batch does not divide are
+        rounded to the nearest step and named once."""
+        self.batch = batch_scaling(self.config.batch_scaling, num_workers, views_per_worker)
+        self.strategy = self._make_strategy()
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        rounded = self.batch.inexact(self._view_counts())
+        if rounded and is_main_process():
+            CONSOLE.print(
+                f"[yellow]odin-splat: {self.batch.views_per_step} views per step do not divide every schedule: "
+                f"{'; '.join(rounded)} ({BATCH_SCALING_FLAG} False counts them in iterations)[/yellow]"
+            )
+        return self.batch
+
+    def _view_counts(self) -> Dict[str, int]:
+        """The model's schedules in views of a one-view run, by config field (what `batch_scaling` converts)."""
+        config = self.config
+        return {
+            "warmup_length": config.warmup_length,
+            "refine_every": config.refine_every,
+            "stop_split_at": config.stop_split_at,
+            "reset_alpha_every x refine_every": config.reset_alpha_every * config.refine_every,
+            "stop_screen_size_at": config.stop_screen_size_at,
+            "pause after reset (num_train_data + refine_every)": self.num_train_data + config.refine_every,
+            "sh_degree_interval": config.sh_degree_interval,
+            "resolution_schedule": config.resolution_schedule,
+        }
+
+    def _get_downscale_factor(self) -> int:
+        """splatfacto's resolution schedule, with `resolution_schedule` counted in views (`batch_scaling`)."""
+        if not self.training:
+            return 1
+        return 2 ** max(self.config.num_downscales - self.step // self.batch.steps(self.config.resolution_schedule), 0)
 
     def _initial_gaussians(self) -> Dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation: seeds (or a random cube), kNN scales, random rotations, opacity 0.1."""
@@ -144,9 +190,14 @@ class OdinSplatModel(SplatfactoModel):
         return {name: torch.nn.Parameter(value.contiguous()) for name, value in tensors.items()}
 
     def _make_strategy(self):
-        """gsplat's DefaultStrategy with splatfacto's settings."""
+        """gsplat's DefaultStrategy with splatfacto's settings, its step counts in steps of `self.batch`'s views.
+
+        The strategy's statistics need no scaling: the runtime accumulates them per task (one view's screen-space
+        gradient norm, count + 1 per visible Gaussian), so grad2d / count stays a mean over views for any W x B.
+        """
         from gsplat.strategy import DefaultStrategy
 
+        steps = {name: self.batch.steps(views) for name, views in self._view_counts().items()}
         return DefaultStrategy(
             prune_opa=self.config.cull_alpha_thresh,
             grow_grad2d=self.config.densify_grad_thresh,
@@ -154,12 +205,12 @@ class OdinSplatModel(SplatfactoModel):
             grow_scale2d=self.config.split_screen_size,
             prune_scale3d=self.config.cull_scale_thresh,
             prune_scale2d=self.config.cull_screen_size,
-            refine_scale2d_stop_iter=self.config.stop_screen_size_at,
-            refine_start_iter=self.config.warmup_length,
-            refine_stop_iter=self.config.stop_split_at,
-            reset_every=self.config.reset_alpha_every * self.config.refine_every,
-            refine_every=self.config.refine_every,
-            pause_refine_after_reset=self.num_train_data + self.config.refine_every,
+            refine_scale2d_stop_iter=steps["stop_screen_size_at"],
+            refine_start_iter=steps["warmup_length"],
+            refine_stop_iter=steps["stop_split_at"],
+            reset_every=steps["reset_alpha_every x refine_every"],
+            refine_every=steps["refine_every"],
+            pause_refine_after_reset=steps["pause after reset (num_train_data + refine_every)"],
             absgrad=self.config.use_absgrad,
             revised_opacity=False,
             verbose=True,
@@ -225,7 +276,9 @@ class OdinSplatModel(SplatfactoModel):
             raise ValueError(f"Unknown rasterize_mode {self.config.rasterize_mode!r}: use 'classic' or 'antialiased'")
         colors = torch.cat((params["features_dc"][:, None, :], params["features_rest"]), dim=1)
         if self.config.sh_degree > 0:
-            sh_degree: Optional[int] = min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+            sh_degree: Optional[int] = min(
+                self.step // self.batch.steps(self.config.sh_degree_interval), self.config.sh_degree
+            )
         else:
             colors = torch.sigmoid(colors).squeeze(1)
             sh_degree = None

@@ -35,7 +35,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Type
+from typing import Literal, Tuple, Type
 
 import torch
 from nerfstudio.engine.optimizers import OptimizerConfig, Optimizers
@@ -60,6 +60,8 @@ class SelectiveAdamOptimizerConfig(OptimizerConfig):
     _target: Type = field(default_factory=lambda: SelectiveAdam)
     eps: float = 1e-15
     """Added to the denominator (splatfacto's 1e-15)."""
+    betas: Tuple[float, float] = (0.9, 0.999)
+    """Adam's (beta1, beta2), torch's defaults (what splatfacto uses)."""
 
 
 @dataclass
@@ -156,16 +158,22 @@ class OdinTrainer(Trainer):
             CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
 
     def setup_optimizers(self) -> Optimizers:
-        """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only."""
+        """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only, under Grendel's
+        rule for the schedule's W x B views per step (`ns/batch_scaling.py`): the model counts its schedules in steps
+        of W x B views, and the configured rates, betas, eps and decays are scaled (`--pipeline.model.batch-scaling
+        False`: as configured). The config keeps the one-view values the user wrote."""
         from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
 
-        extra = sorted(set(self.pipeline.get_param_groups()) - set(GAUSSIAN_PARAMS))
+        param_groups = self.pipeline.get_param_groups()
+        extra = sorted(set(param_groups) - set(GAUSSIAN_PARAMS))
         if extra:
             raise ValueError(
                 f"odin-splat trains the Gaussian parameters only, but the model also optimizes {extra}; turn them off "
                 "(--pipeline.model.camera-optimizer.mode off, --pipeline.model.use-bilateral-grid False)"
             )
-        return super().setup_optimizers()
+        schedule = self.pipeline.datamanager.schedule.config
+        rule = self.pipeline.model.scale_to_batch(schedule.num_workers, schedule.views_per_worker)
+        return Optimizers(rule.optimizers(self.config.optimizers), param_groups)
 
     def _topology(self) -> Topology:
         """W and B of this process's runtime, from the schedule: its local workers and their views per step."""

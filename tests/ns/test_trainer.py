@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,9 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
-DENSIFY = {"warmup_length": 20, "refine_every": 10, "densify_grad_thresh": 2e-4}
+DENSIFY = {"warmup_length": 60, "refine_every": 20, "densify_grad_thresh": 2e-4}
+"""Counts in views of one worker: with 2 workers (batch scaling on) a warmup of 30 steps and a refinement every 10,
+so one densification, after step 40."""
 
 
 def test_quality_equals_barrier_in_the_trainer_across_a_densification(
@@ -100,9 +103,11 @@ def test_quality_equals_barrier_in_the_trainer_across_a_densification(
 
 
 def test_learning_rate_schedule_steps_once_per_published_step(street: Path, tmp_path: Path) -> None:
+    """2 workers: Grendel's rule scales the rates by sqrt(2) and counts the decay's 40 views as 20 steps."""
     trainer = train(trainer_config(street, tmp_path, 12))
-    reference = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.6e-4)
-    scheduler = ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=40).setup().get_scheduler(reference, 1.6e-4)
+    lr, lr_final = 1.6e-4 * math.sqrt(2), 1.6e-6 * math.sqrt(2)
+    reference = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = ExponentialDecaySchedulerConfig(lr_final=lr_final, max_steps=20).setup().get_scheduler(reference, lr)
     for _ in range(12):
         reference.step()
         scheduler.step()
@@ -158,3 +163,37 @@ def test_an_emulated_interconnect_delays_every_exchange_and_changes_no_bit(stree
     logged = b"".join(path.read_bytes() for path in linked.base_dir.glob("events.out.tfevents.*"))
     for name in (b"odin/views_per_s", b"odin/wait_free_bound_share", b"odin/idle_share", b"odin/conflict_rate"):
         assert name in logged, name
+
+
+def set_up(config) -> OdinTrainer:
+    """A trainer set up from ``config`` (pipeline, optimizers, runtime), not trained."""
+    torch.manual_seed(0)
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    return trainer
+
+
+@pytest.mark.parametrize("batch_scaling", [True, False])
+def test_four_workers_get_grendels_rates_and_refine_in_views_unless_turned_off(
+    street: Path, tmp_path: Path, batch_scaling: bool
+) -> None:
+    trainer = set_up(trainer_config(street, tmp_path, 8, workers=4, batch_scaling=batch_scaling, **DENSIFY))
+    size = 4 if batch_scaling else 1
+    for name, group in trainer.config.optimizers.items():
+        (param_group,) = trainer.optimizers.optimizers[name].param_groups
+        assert param_group["lr"] == pytest.approx(group["optimizer"].lr * math.sqrt(size)), name
+        assert param_group["betas"] == pytest.approx((0.9**size, 0.999**size)), name
+        assert param_group["eps"] == pytest.approx(1e-15 * math.sqrt(size)), name
+    strategy = trainer.pipeline.model.strategy
+    assert (strategy.refine_start_iter, strategy.refine_every) == (60 // size, 20 // size)
+    assert trainer.config.optimizers["means"]["optimizer"].lr == 1.6e-4, "the config keeps the one-view rate"
+
+
+def test_densification_statistics_count_views_not_steps(street: Path, tmp_path: Path) -> None:
+    """gsplat's grad2d / count must stay a mean over views when a step holds 4: each task adds 1 per visible row."""
+    trainer = train(trainer_config(street, tmp_path, 3, workers=4))
+    state = trainer.runtime.strategy_state
+    schedule = trainer.pipeline.datamanager.schedule
+    views = sum(len(tasks) for step in range(3) for tasks in schedule.at(step).tasks)
+    assert views == 12
+    assert 3 < float(state["count"].max()) <= views, "a row seen by several views of one step counts each view"

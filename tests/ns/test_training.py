@@ -88,6 +88,7 @@ def test_ns_train_lists_odin_splat_and_its_options() -> None:
     options = run_cli("ns-train", "odin-splat", "--help").stdout
     assert "odin-colmap" in options
     assert "--pipeline.model.rasterize-mode" in options
+    assert "--pipeline.model.batch-scaling" in options, "Grendel's rule and its off switch"
     for odin_option in ("num-workers", "views-per-step", "schedule-seed"):
         assert f"--pipeline.datamanager.{odin_option}" in options
     for runtime_option in ("--runtime.mode", "--runtime.ring-slots", "--follow-overlap-window", "--check-escapes"):

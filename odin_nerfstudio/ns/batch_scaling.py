@@ -1,0 +1,123 @@
+"""Grendel's batch-size rule: learning rates, Adam's momenta and every schedule of a W x B step, counted in views.
+
+Why: one odin-splat iteration publishes ONE selective-Adam update from the W x B views of a schedule step, while the
+configs (splatfacto's learning rates, their schedulers, the densification intervals) are written for one view per
+update. Without a rule, 4 workers take 4x fewer, 4x larger updates over the same views and densify 4x later in
+epochs. Grendel-GS (github:nyu-systems/Grendel-GS at 6e50e9a, ``scene/gaussian_model.py``,
+``GaussianModel.training_setup``, ``lr_scale_mode == "sqrt"``; ``train_internal.py`` divides the gradients by
+``bsz``; ``densification.py`` counts its intervals in images) scales for a batch of ``bsz`` images:
+
+    lr *= sqrt(bsz)      betas = (beta1 ** bsz, beta2 ** bsz)      eps /= sqrt(bsz)      grad = mean over bsz
+
+and counts its schedules in images. The momenta decay once per update, so ``beta ** bsz`` keeps their memory the
+same number of views long; ``sqrt(bsz)`` is the square-root scaling of the step size with the batch.
+
+Sum, not mean: Odin's step SUMS the W x B views' gradients (``core/sparse.py``'s ``sum_in_order``, the reference
+semantics of DESIGN.md), i.e. exactly ``bsz`` times Grendel's mean, for every row and step (Grendel divides by
+``bsz``, not by a row's visible count). Adam is invariant to a constant factor c on its gradients except for eps:
+m -> c m, sqrt(v) -> c sqrt(v), so the update lr m / (sqrt(v) + eps) equals the mean's with eps / c. Hence, for a
+sum, the learning rate takes the same ``sqrt(bsz)`` and eps is MULTIPLIED by ``sqrt(bsz)`` (= bsz x Grendel's
+eps / sqrt(bsz)); dividing it, as Grendel does for its mean, would shrink it bsz-fold further. (With splatfacto's
+eps of 1e-15 this matters only for rows with vanishing gradients, but it is the exact equivalent.)
+
+Counting in views: a config field keeps its splatfacto meaning, iterations of a one-view run, and
+:meth:`BatchScaling.steps` converts it to schedule steps (views / bsz, rounded to the nearest step, at least one
+when the field is positive). The conversion is exact when bsz divides the field; otherwise the rounded value is
+reported once (:meth:`BatchScaling.inexact`). The batch is the schedule's nominal step size: the short last step of
+an epoch (V not a multiple of W x B) is scaled as a full one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+
+OFF_FLAG = "--pipeline.model.batch-scaling False"
+
+
+@dataclass(frozen=True)
+class BatchScaling:
+    """Grendel's rule for a step that sums ``views_per_step`` views' gradients (1: the identity, a one-view run)."""
+
+    views_per_step: int = 1
+    """W x B: the views whose gradients one optimizer update sums."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.views_per_step, int) or self.views_per_step < 1:
+            raise ValueError(f"views_per_step must be an integer >= 1, got {self.views_per_step!r}")
+
+    @property
+    def lr_scale(self) -> float:
+        """sqrt(W x B): the factor on every learning rate (and, for a gradient sum, on Adam's eps)."""
+        return math.sqrt(self.views_per_step)
+
+    def steps(self, views: int) -> int:
+        """A count of one-view iterations (an interval or a threshold) in schedule steps: views / (W x B) rounded to
+        the nearest step (half up), and at least 1 when ``views`` > 0 (0 and negatives stay as they are)."""
+        if views <= 0:
+            return views
+        return max(1, math.floor(views / self.views_per_step + 0.5))
+
+    def inexact(self, fields: Dict[str, int]) -> List[str]:
+        """For each named count of views that W x B does not divide, a phrase saying what it became."""
+        return [
+            f"{name} {views} views -> {self.steps(views)} steps ({self.steps(views) * self.views_per_step} views)"
+            for name, views in fields.items()
+            if views > 0 and views % self.views_per_step
+        ]
+
+    def adam(self, lr: float, betas: Tuple[float, float], eps: float) -> Tuple[float, Tuple[float, float], float]:
+        """Adam's (lr, betas, eps) for a W x B gradient sum: lr x sqrt(S), beta ** S, eps x sqrt(S) (S = W x B)."""
+        scale, size = self.lr_scale, self.views_per_step
+        return lr * scale, (betas[0] ** size, betas[1] ** size), eps * scale
+
+    def optimizers(self, config: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+        """A copy of a nerfstudio ``optimizers`` config (per group: ``optimizer``, ``scheduler``) under the rule.
+
+        Each optimizer config needs ``lr``, ``betas`` and ``eps`` (``SelectiveAdamOptimizerConfig``); each scheduler
+        is None or an ``ExponentialDecaySchedulerConfig``, whose absolute rates are scaled like ``lr`` and whose step
+        counts are converted from views. Anything else is refused, naming the group and the flag that turns the rule
+        off, rather than left unscaled.
+        """
+        scaled = copy.deepcopy(config)
+        if self.views_per_step == 1:
+            return scaled
+        for name, group in scaled.items():
+            optimizer = group["optimizer"]
+            if not all(hasattr(optimizer, field) for field in ("lr", "betas", "eps")):
+                raise ValueError(
+                    f"batch scaling: the optimizer of {name!r} ({type(optimizer).__name__}) has no lr, betas and eps "
+                    f"to scale; use SelectiveAdamOptimizerConfig or turn the rule off ({OFF_FLAG})"
+                )
+            lr, betas, eps = self.adam(optimizer.lr, tuple(optimizer.betas), optimizer.eps)
+            optimizer.lr, optimizer.betas, optimizer.eps = lr, betas, eps
+            group["scheduler"] = self._scheduler(name, group.get("scheduler"))
+        return scaled
+
+    def _scheduler(self, name: str, scheduler: Any) -> Any:
+        """An exponential-decay scheduler config with its rates scaled and its step counts in schedule steps."""
+        if scheduler is None:
+            return None
+        if type(scheduler) is not ExponentialDecaySchedulerConfig:
+            raise ValueError(
+                f"batch scaling: the scheduler of {name!r} ({type(scheduler).__name__}) is not an "
+                f"ExponentialDecaySchedulerConfig, whose steps the rule knows how to count; turn the rule off "
+                f"({OFF_FLAG})"
+            )
+        return dataclasses.replace(
+            scheduler,
+            lr_pre_warmup=scheduler.lr_pre_warmup * self.lr_scale,
+            lr_final=None if scheduler.lr_final is None else scheduler.lr_final * self.lr_scale,
+            warmup_steps=self.steps(scheduler.warmup_steps),
+            max_steps=self.steps(scheduler.max_steps),
+        )
+
+
+def batch_scaling(enabled: bool, num_workers: int, views_per_worker: int) -> BatchScaling:
+    """The rule of a schedule of ``num_workers`` x ``views_per_worker`` views per step, or the identity when off."""
+    return BatchScaling(num_workers * views_per_worker if enabled else 1)
