@@ -61,6 +61,14 @@ class StaleReadSummary:
     max_staleness: int = 0
 
     @classmethod
+    def of_counters(cls, counters: Mapping[str, Any] | Any) -> StaleReadSummary:
+        """From a runtime's counters (or their JSON dict): their tally of every stale read, else their records."""
+        tally = counters.get("stale") if isinstance(counters, Mapping) else getattr(counters, "stale", None)
+        if tally is None:
+            return cls.of(_field(counters, "stale_reads"))
+        return cls(*(_field(tally, name) for name in ("admitted", "kept", "staleness_sum", "max_staleness")))
+
+    @classmethod
     def of(cls, reads: Sequence[Any]) -> StaleReadSummary:
         """From the counters' stale reads (``StaleRead`` objects or their dicts: ``staleness``, ``kept``)."""
         values = [(_field(r, "staleness"), bool(_field(r, "kept"))) for r in reads]
@@ -270,7 +278,7 @@ class TimelineMeter:
         totals = self._totals
         span = (self._last_ns - self._first_ns) if self._first_ns is not None and self._last_ns is not None else 0
         bookkeeping_ns = totals["publish"] if counters is None else _field(counters, "bookkeeping_ns")
-        stale = StaleReadSummary() if counters is None else StaleReadSummary.of(_field(counters, "stale_reads"))
+        stale = StaleReadSummary() if counters is None else StaleReadSummary.of_counters(counters)
         failures = {} if counters is None else _field(counters, "validation_failures")
         conflicts = self._waits.get("raw", 0) + stale.admitted + sum(failures.get(k, 0) for k in CONFLICT_FAILURES)
         return RankMetrics(

@@ -76,8 +76,10 @@ class AdmissionPolicy:
         """Whether a task whose validation found ``failures`` is re-run on the synchronous state."""
         return bool(failures)
 
-    def settled(self, key: TaskKey, rerun: bool) -> None:
-        """Task ``key`` was validated: re-run, or exchanged with the read it made."""
+    def settled(self, key: TaskKey, rerun: bool) -> bool:
+        """Task ``key`` was validated: re-run, or exchanged with the read it made; returns whether a stale read it
+        was admitted with thereby reached the model."""
+        return False
 
 
 class BarrierPolicy(AdmissionPolicy):
@@ -156,11 +158,13 @@ class ThroughputPolicy(AdmissionPolicy):
         """Only a "stale" failure (a write unknown at admission) is re-run; "candidate" and "escape" are counted."""
         return "stale" in failures
 
-    def settled(self, key: TaskKey, rerun: bool) -> None:
+    def settled(self, key: TaskKey, rerun: bool) -> bool:
         """The task's stale read reached the model unless it was re-run."""
         stale = self._open.pop(key, None)
         if stale is not None and not rerun:
             stale.kept = True
+            return True
+        return False
 
 
 class DenseBarrierPolicy(BarrierPolicy):

@@ -23,6 +23,28 @@ _Hook = TypeVar("_Hook", bound=Callable[..., Any])
 _Result = TypeVar("_Result")
 
 
+RECENT_STALE_READS = 1024
+"""How many of the latest stale reads the counters keep as records (``RuntimeCounters.stale`` counts them all)."""
+
+
+@dataclass
+class StaleTally:
+    """Every admitted stale read of a run, counted in constant memory: admitted, kept (reached the model), summed
+    and largest staleness (steps)."""
+
+    admitted: int = 0
+    kept: int = 0
+    staleness_sum: int = 0
+    max_staleness: int = 0
+
+    def admit(self, read: StaleRead) -> None:
+        """Count an admitted stale read (kept already if its mode never re-runs it)."""
+        self.admitted += 1
+        self.kept += int(read.kept)
+        self.staleness_sum += read.staleness
+        self.max_staleness = max(self.max_staleness, read.staleness)
+
+
 @dataclass
 class RuntimeCounters:
     """What the runtime counted.
@@ -33,7 +55,9 @@ class RuntimeCounters:
         validation_failures: failures per kind ("stale", "candidate", "escape").
         reruns: tasks re-run on fresh state after a validation failure.
         reordered: reads where dynamic ordering ran a later task of the worker's step first.
-        stale_reads: every admitted stale read (throughput), also those of a read later re-run (``kept`` False).
+        stale_reads: the latest admitted stale reads (at most about 2 x RECENT_STALE_READS, so a long run's memory
+            stays flat), also those of a read later re-run (``kept`` False).
+        stale: every admitted stale read, counted (:class:`StaleTally`).
         publications: steps published.
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
             publish), the outermost call only, less the render and backward of the re-runs they execute and
@@ -51,6 +75,7 @@ class RuntimeCounters:
     reruns: int = 0
     reordered: int = 0
     stale_reads: list[StaleRead] = field(default_factory=list)
+    stale: StaleTally = field(default_factory=StaleTally)
     publications: int = 0
     bookkeeping_ns: int = 0
     render_ns: int = 0
@@ -60,7 +85,14 @@ class RuntimeCounters:
     @property
     def stale_reads_kept(self) -> int:
         """Admitted stale reads that reached the model (not superseded by a re-run of their task)."""
-        return sum(1 for read in self.stale_reads if read.kept)
+        return self.stale.kept
+
+    def count_stale(self, read: StaleRead) -> None:
+        """Count an admitted stale read and keep its record among the latest ones."""
+        self.stale.admit(read)
+        self.stale_reads.append(read)
+        if len(self.stale_reads) > 2 * RECENT_STALE_READS:
+            del self.stale_reads[:RECENT_STALE_READS]
 
 
 class Meter:

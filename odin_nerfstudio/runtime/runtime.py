@@ -146,7 +146,7 @@ class OdinRuntime:
             if admission is None:
                 return meter.count_wait(Wait(task, "raw", conflicts.wait_step, conflicts.rows))
             admitted, stale = admission
-            meter.counters.stale_reads.append(stale)
+            meter.counters.count_stale(stale)
         return self._admit(task, candidate, admitted)
 
     def _candidates(self, task: Task) -> Tensor:
@@ -247,7 +247,8 @@ class OdinRuntime:
             failures, escaped = self.validator.validate(task, self.log.reads[key])
             self.meter.count_failures(failures)
             rerun = bool(failures) and self.policy.reruns(failures)
-            self.policy.settled(key, rerun)
+            if self.policy.settled(key, rerun):
+                self.counters.stale.kept += 1
             if rerun:
                 self.counters.reruns += 1
                 candidate = union_sorted([self._candidates(task), escaped], self.device)

@@ -43,3 +43,22 @@ def test_throughput_first_psnr_within_one_percent_of_barrier(tmp_path: Path) -> 
         r.staleness <= runtime_config.max_staleness and r.fraction <= runtime_config.stale_fraction for r in kept
     )
     assert abs(psnr["throughput"] - psnr["barrier"]) <= 0.01 * psnr["barrier"]
+
+
+def test_stale_reads_are_counted_in_constant_memory_over_a_long_run() -> None:
+    """30k admitted stale reads: the counters keep a bounded window of records and tally every one, and the
+    timeline metrics (and the counters' JSON) read the tally, not the window."""
+    import dataclasses
+    import json
+
+    from odin_nerfstudio.core.timeline_metrics import StaleReadSummary
+    from odin_nerfstudio.runtime.metering import RECENT_STALE_READS, RuntimeCounters
+    from odin_nerfstudio.runtime.reads import StaleRead
+
+    counters = RuntimeCounters()
+    for step in range(30_000):
+        counters.count_stale(StaleRead((step, 0, 0), rows=3, staleness=1 + step % 4, fraction=0.1, kept=step % 2 == 0))
+    assert len(counters.stale_reads) <= 2 * RECENT_STALE_READS
+    assert counters.stale.admitted == 30_000 and counters.stale_reads_kept == 15_000
+    summary = StaleReadSummary.of_counters(json.loads(json.dumps(dataclasses.asdict(counters))))
+    assert summary == StaleReadSummary(admitted=30_000, kept=15_000, staleness_sum=75_000, max_staleness=4)
