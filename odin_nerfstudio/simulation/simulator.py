@@ -20,10 +20,10 @@ predicts (views/s, idle share, exposed and hidden wait) come from the same decis
   :class:`~odin_nerfstudio.simulation.interconnect.Interconnect` says, and each process publishes it (a cost on
   its own thread) at its next ``progress`` after that, in step order;
 - costs (:class:`~odin_nerfstudio.simulation.costs.CostModel`): a task's render + backward + bookkeeping from its
-  |C(t)| and pixels, a publication from its rows, the trainer's own time per step.
+  |C(t)| and pixels (plus the measured share of escape re-runs, in the modes whose policy re-runs them), a
+  publication from its rows, the trainer's own time per step.
 
-What it leaves out: validation re-runs other than throughput's stale ones (escapes: 3% of tasks on bench_train's
-street), structural changes (none before splatfacto's step 500), evaluation and checkpoints, contention between
+What it leaves out: which tasks escape (their re-runs are spread over every task), structural changes (none before splatfacto's step 500), evaluation and checkpoints, contention between
 processes for one machine's cores, and the GPU's stream overlap of compute and communication.
 """
 
@@ -62,6 +62,11 @@ class SimulationConfig:
         remote_writes: what stands for another process's unpublished writes: ``candidates`` (today's
             ``RemoteTasks``) or ``active`` (a tighter prediction: exactly its write sets).
         exchanges_in_flight: a worker commits step s once step s - exchanges_in_flight is published (today 1).
+        payload_on_poll: the exchange is two-phase, as ``comm/transport.DistributedTransport``'s: the header
+            all_gather starts at the commit, the payload only at each process's first poll of the step (a
+            ``progress`` call, or a block on it) after every header arrived, so a process busy rendering delays
+            everyone's delivery until its task ends. Default: on for one process per worker (torch.distributed),
+            off for virtual workers (the in-process transport).
         seed: the schedule's seed.
         row_bytes: bytes per active row of an exchanged update.
     """
@@ -74,8 +79,16 @@ class SimulationConfig:
     follow_overlap_window: bool = True
     remote_writes: Literal["candidates", "active"] = "candidates"
     exchanges_in_flight: int = 1
+    payload_on_poll: bool | None = None
     seed: int = 0
     row_bytes: int = ROW_BYTES
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether the payload waits for every process's poll (``payload_on_poll``, defaulted)."""
+        if self.payload_on_poll is not None:
+            return self.payload_on_poll
+        return self.workers_per_process < self.num_workers
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:
@@ -173,6 +186,10 @@ class Simulation:
         self._sends: dict[int, dict[int, float]] = {}
         self._bytes: dict[int, dict[int, int]] = {}
         self.delivery: dict[int, float] = {}
+        self._link: dict[int, float] = {}
+        self.headers: dict[int, float] = {}
+        self._polls: dict[int, dict[int, float]] = {}
+        self._blocked: dict[int, list[int]] = {}
         self._waiting: dict[int, list[int]] = {}
         self._heap: list[tuple[float, int, int]] = []
         self._sequence = 0
@@ -181,7 +198,9 @@ class Simulation:
         self.conflicting: set[tuple[int, int, int]] = set()
         self.stale_reads = 0
         per = config.workers_per_process
-        self.processes = [_Process(self, list(range(p * per, (p + 1) * per))) for p in range(config.num_workers // per)]
+        self.processes = [
+            _Process(self, p, list(range(p * per, (p + 1) * per))) for p in range(config.num_workers // per)
+        ]
 
     def tasks(self, step: int, worker: int) -> tuple[int, ...]:
         """The views ``worker`` renders in ``step``."""
@@ -205,15 +224,50 @@ class Simulation:
         return self._predicted[step]
 
     def commit(self, step: int, worker: int, nbytes: int) -> None:
-        """``worker`` sends its part of ``step`` now; with every part sent, the step's delivery is known."""
+        """``worker`` sends its part of ``step`` now; with every part sent, the link's delivery is known and, for a
+        two-phase exchange, the header has arrived (processes blocked on the step poll it at once)."""
         self._sends.setdefault(step, {})[worker] = self.now
         self._bytes.setdefault(step, {})[worker] = nbytes
-        if len(self._sends[step]) == self.config.num_workers:
-            order = range(self.config.num_workers)
-            sends, sizes = self._sends.pop(step), self._bytes.pop(step)
-            self.delivery[step] = self.interconnect.delivery_s([sends[w] for w in order], [sizes[w] for w in order])
-            for process in self._waiting.pop(step, []):
-                self._schedule(max(self.now, self.delivery[step]), process)
+        if len(self._sends[step]) < self.config.num_workers:
+            return
+        order = range(self.config.num_workers)
+        sends, sizes = self._sends.pop(step), self._bytes.pop(step)
+        self._link[step] = self.interconnect.delivery_s([sends[w] for w in order], [sizes[w] for w in order])
+        self.headers[step] = self.now
+        if not self.config.two_phase:
+            self._deliver(step, self._link.pop(step))
+            return
+        for process in self._blocked.pop(step, []):
+            self.poll(step, process)
+
+    def poll(self, step: int, process: int) -> None:
+        """``process`` polls ``step``'s exchange now (its header arrived): it issues its payload; once every process
+        has, the step is delivered the transport's base time later (and not before the link delivers it)."""
+        if step in self.delivery:
+            return
+        polls = self._polls.setdefault(step, {})
+        if process in polls:
+            return
+        polls[process] = self.now
+        if len(polls) == len(self.processes):
+            payload = max(polls.values()) + self.interconnect.base_s
+            self._deliver(step, max(payload, self._link.pop(step)))
+            del self._polls[step]
+
+    def block(self, step: int, process: int) -> None:
+        """``process`` blocks on ``step``'s exchange: it polls as soon as the header arrives."""
+        if not self.config.two_phase:
+            return
+        if step in self.headers:
+            self.poll(step, process)
+        else:
+            self._blocked.setdefault(step, []).append(process)
+
+    def _deliver(self, step: int, time: float) -> None:
+        """Step ``step`` is delivered at ``time``: wake the processes blocked on it."""
+        self.delivery[step] = time
+        for process in self._waiting.pop(step, []):
+            self._schedule(max(self.now, time), process)
 
     def run(self) -> SimulationResult:
         """Simulate every process to the end of its last step and its last publication."""
@@ -254,8 +308,9 @@ class _Read:
 class _Process:
     """One process: its local workers' steps through ``run_step``'s loop, its replica's published step."""
 
-    def __init__(self, sim: Simulation, workers: list[int]) -> None:
+    def __init__(self, sim: Simulation, index: int, workers: list[int]) -> None:
         self.sim = sim
+        self.index = index
         self.workers = workers
         self.published = -1
         self.started = -1
@@ -303,8 +358,10 @@ class _Process:
         self.staged.setdefault((step, worker), []).append(read)
 
     def _task_s(self, view: int) -> float:
-        workload = self.sim.workload
-        return self.sim.costs.task_s(workload.size(view), int(workload.pixels[view]))
+        """A task's time, with the share of re-runs validation adds in the modes that re-run escapes."""
+        sim, workload = self.sim, self.sim.workload
+        reruns = sim.costs.rerun_share if sim.policy.reruns(["escape"]) else 0.0
+        return sim.costs.task_s(workload.size(view), int(workload.pixels[view])) * (1.0 + reruns)
 
     def _busy(self, seconds: float, compute: bool = True) -> Generator[Command, None, None]:
         if seconds > 0:
@@ -382,6 +439,8 @@ class _Process:
                         sim.commit(step, worker, rows.numel() * sim.config.row_bytes)
                         changed = True
             step = self.published + 1
+            if sim.config.two_phase and sim.headers.get(step, float("inf")) <= sim.now:
+                sim.poll(step, self.index)
             if sim.delivery.get(step, float("inf")) <= sim.now:
                 yield from self._busy(sim.costs.publish_s(self._published_rows(step)))
                 self.published = step
@@ -415,6 +474,7 @@ class _Process:
         if any((step, worker) not in self.committed for worker in self.workers):
             raise RuntimeError(f"{why}: waiting for step {step}, whose local part is not sent (a simulator bug)")
         since = self.sim.now
+        self.sim.block(step, self.index)
         yield ("delivery", step)
         self.wait_s += self.sim.now - since
         self.last = self.sim.now
