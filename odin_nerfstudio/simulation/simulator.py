@@ -195,6 +195,7 @@ class Simulation:
         self._sequence = 0
         self._plans = [self.schedule.at(s) for s in range(config.steps)]
         self._predicted: dict[int, Tensor] = {}
+        self._rows: dict[int, int] = {}
         self.conflicting: set[tuple[int, int, int]] = set()
         self.stale_reads = 0
         per = config.workers_per_process
@@ -222,6 +223,13 @@ class Simulation:
                     counts[sets[view]] += 1
             self._predicted[step] = counts
         return self._predicted[step]
+
+    def published_rows(self, step: int) -> int:
+        """Rows of ``step``'s publication: the union of its tasks' write sets."""
+        if step not in self._rows:
+            views = [v for w in range(self.config.num_workers) for v in self.tasks(step, w)]
+            self._rows[step] = union_sorted([self.workload.writes[v] for v in views]).numel() if views else 0
+        return self._rows[step]
 
     def commit(self, step: int, worker: int, nbytes: int) -> None:
         """``worker`` sends its part of ``step`` now; with every part sent, the link's delivery is known and, for a
@@ -393,8 +401,8 @@ class _Process:
         return None
 
     def _pending_writes(self, step: int) -> Tensor:
-        """Step ``step``'s unpublished writes as this process sees them, bool [N]: the other processes' predicted
-        writes and its own staged active sets."""
+        """Step ``step``'s unpublished writes as this process sees them, sorted int64 [M]: the other processes'
+        predicted writes and its own staged active sets (all staged: a process reads step s after its step s - 1)."""
         if step not in self._pending:
             sim, workload = self.sim, self.sim.workload
             sets = workload.candidates if sim.config.remote_writes == "candidates" else workload.writes
@@ -406,7 +414,7 @@ class _Process:
             for worker in self.workers:
                 for read in self.staged.get((step, worker), []):
                     mask[workload.writes[read.view]] = True
-            self._pending[step] = mask
+            self._pending[step] = torch.nonzero(mask).flatten()
         return self._pending[step]
 
     def _remote_misses(self, rows: Tensor, step: int) -> tuple[StepRows, ...]:
@@ -442,7 +450,7 @@ class _Process:
             if sim.config.two_phase and sim.headers.get(step, float("inf")) <= sim.now:
                 sim.poll(step, self.index)
             if sim.delivery.get(step, float("inf")) <= sim.now:
-                yield from self._busy(sim.costs.publish_s(self._published_rows(step)))
+                yield from self._busy(sim.costs.publish_s(sim.published_rows(step)))
                 self.published = step
                 self._pending.pop(step, None)
                 changed = True
@@ -462,11 +470,6 @@ class _Process:
         sim = self.sim
         return [v for w in range(sim.config.num_workers) if w not in self.workers for v in sim.tasks(step, w)]
 
-    def _published_rows(self, step: int) -> int:
-        """Rows of ``step``'s publication: the union of every task's write set."""
-        sim = self.sim
-        views = [v for w in range(sim.config.num_workers) for v in sim.tasks(step, w)]
-        return union_sorted([sim.workload.writes[v] for v in views]).numel() if views else 0
 
     def _await_publication(self, why: str) -> Generator[Command, None, None]:
         """Block until the next step is delivered and publish it; every local part of it must be sent."""
