@@ -95,7 +95,10 @@ def run(config: SimulateCliConfig) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for workers in config.workers:
-        results = {mode: simulate(workload, costs, interconnect, simulation_config(config, mode, workers)) for mode in config.modes}
+        results = {
+            mode: simulate(workload, costs, interconnect, simulation_config(config, mode, workers))
+            for mode in config.modes
+        }
         barrier = results.get("barrier")
         lines += [row(workers, mode, result, barrier) for mode, result in results.items()]
     return lines

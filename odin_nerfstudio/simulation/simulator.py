@@ -23,8 +23,9 @@ predicts (views/s, idle share, exposed and hidden wait) come from the same decis
   |C(t)| and pixels (plus the measured share of escape re-runs, in the modes whose policy re-runs them), a
   publication from its rows, the trainer's own time per step.
 
-What it leaves out: which tasks escape (their re-runs are spread over every task), structural changes (none before splatfacto's step 500), evaluation and checkpoints, contention between
-processes for one machine's cores, and the GPU's stream overlap of compute and communication.
+What it leaves out: which tasks escape (their re-runs are spread over every task), structural changes (none
+before splatfacto's step 500), evaluation and checkpoints, contention between processes for one machine's cores,
+and the GPU's stream overlap of compute and communication.
 """
 
 from __future__ import annotations
@@ -435,7 +436,8 @@ class _Process:
         changed = True
         while changed:
             changed = False
-            for step in range(self.published + 1, min(self.started, self.published + sim.config.exchanges_in_flight) + 1):
+            last = min(self.started, self.published + sim.config.exchanges_in_flight)
+            for step in range(self.published + 1, last + 1):
                 for worker in self.workers:
                     if (step, worker) in self.committed:
                         continue

@@ -105,7 +105,9 @@ class Workload:
         return cls(name, sets, sets, np.full(len(sets), pixels, dtype=np.int64), rlg, num_rows)
 
     @classmethod
-    def from_colmap(cls, scene: Path, eval_interval: int = 8, downscale: int = 1, margin: float | None = None) -> Workload:
+    def from_colmap(
+        cls, scene: Path, eval_interval: int = 8, downscale: int = 1, margin: float | None = None
+    ) -> Workload:
         """A COLMAP scene's training views on its initial model (see the module); ``downscale`` divides the
         images' sides as ``--pipeline.datamanager.camera-res-scale-factor`` would."""
         scene = Path(scene)

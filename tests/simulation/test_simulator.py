@@ -12,7 +12,9 @@ from odin_nerfstudio.simulation.simulator import Simulation, SimulationConfig
 from odin_nerfstudio.simulation.workload import Workload
 
 PUBLISH_S = 0.003
-COSTS = CostModel(task=LinearFit(0.01, (1e-4, 0.0), 1.0, 1), bookkeeping_s=0.0, publish=LinearFit(PUBLISH_S, (0.0,), 1.0, 1))
+COSTS = CostModel(
+    task=LinearFit(0.01, (1e-4, 0.0), 1.0, 1), bookkeeping_s=0.0, publish=LinearFit(PUBLISH_S, (0.0,), 1.0, 1)
+)
 """10 ms + 0.1 ms x |C(t)| per task, 3 ms per publication, nothing else."""
 
 
@@ -83,7 +85,8 @@ def test_virtual_workers_share_one_thread() -> None:
     workload = disjoint_views()
     simulation, result = run(workload, "quality", workers_per_process=3)
     (process,) = result.processes
-    work = sum(COSTS.task_s(workload.size(v), 12288) for s in range(12) for w in range(3) for v in simulation.tasks(s, w))
+    views = [v for s in range(12) for w in range(3) for v in simulation.tasks(s, w)]
+    work = sum(COSTS.task_s(workload.size(v), 12288) for v in views)
     assert process.compute_s == pytest.approx(work + 12 * PUBLISH_S)
     assert result.span_s >= process.compute_s
 
