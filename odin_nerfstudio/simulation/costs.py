@@ -21,6 +21,7 @@ counters (``odin_counters_rank<r>.json``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +118,20 @@ class CostModel:
             rerun_share=float(np.median([rank.rerun_share() for rank in ranks])),
         )
 
+    def save(self, path: Path) -> None:
+        """Write the model as JSON (``odin-simulate --costs`` reads it back)."""
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        """A model written by :meth:`save`; ValueError naming the file if it is not one."""
+        try:
+            fields = json.loads(Path(path).read_text())
+            task, publish = (_fit(fields.pop(name)) for name in ("task", "publish"))
+            return cls(task=task, publish=publish, **fields)
+        except (KeyError, TypeError, json.JSONDecodeError) as error:
+            raise ValueError(f"--costs {path} is not a cost model written by --save-costs: {error}") from None
+
     def describe(self) -> str:
         """One line: the fitted formulas and their R^2."""
         a, (b, c) = self.task.intercept, self.task.coefficients
@@ -127,6 +142,11 @@ class CostModel:
             f"x rows (R^2 {self.publish.r2:.2f}); exchange base {self.base_s * 1e3:.2f} ms; trainer "
             f"{self.step_overhead_s * 1e3:.2f} ms per step; re-runs besides stale reads {self.rerun_share:.1%} of tasks"
         )
+
+
+def _fit(fields: dict) -> LinearFit:
+    """A LinearFit from its JSON fields."""
+    return LinearFit(fields["intercept"], tuple(fields["coefficients"]), fields["r2"], fields["samples"])
 
 
 @dataclass

@@ -44,3 +44,29 @@ def _span(name: str, start_s: float, seconds: float, args: dict, worker: int = 0
     """A complete event of the Trace Event Format (microseconds)."""
     return {"name": name, "ph": "X", "ts": start_s * 1e6, "dur": seconds * 1e6, "pid": 0, "tid": worker, "args": args}
 
+
+
+CONFIG_YML = """\
+!!python/object:odin_nerfstudio.ns.trainer.OdinTrainerConfig
+data: &id002 !!python/object/apply:pathlib.PosixPath
+{data}
+interconnect: {interconnect}
+max_num_iterations: {steps}
+pipeline: !!python/object:odin_nerfstudio.ns.pipeline.OdinPipelineConfig
+  datamanager: !!python/object:odin_nerfstudio.ns.datamanager.OdinDatamanagerConfig
+    data: *id002
+    num_workers: null
+    schedule_seed: 0
+    views_per_step: 1
+runtime: !!python/object:odin_nerfstudio.runtime.config.OdinRuntimeConfig
+  mode: {mode}
+  ring_slots: 4
+"""
+"""The keys of nerfstudio's config.yml dump that odin-simulate reads, with its Python tags."""
+
+
+def write_config(run: Path, scene: Path, mode: str = "quality", interconnect: str = "none", steps: int = 30) -> None:
+    """A config.yml in ``run`` as ns-train writes it (paths as pathlib's part lists)."""
+    parts = "\n".join(f"- {part}" for part in scene.resolve().parts)
+    text = CONFIG_YML.format(data=parts, interconnect=interconnect, steps=steps, mode=mode)
+    (run / "config.yml").write_text(text)
