@@ -197,6 +197,7 @@ class Simulation:
         self._plans = [self.schedule.at(s) for s in range(config.steps)]
         self._predicted: dict[int, Tensor] = {}
         self._rows: dict[int, int] = {}
+        self._publications: dict[int, int] = {}
         self.conflicting: set[tuple[int, int, int]] = set()
         self.stale_reads = 0
         per = config.workers_per_process
@@ -231,6 +232,14 @@ class Simulation:
             views = [v for w in range(self.config.num_workers) for v in self.tasks(step, w)]
             self._rows[step] = union_sorted([self.workload.writes[v] for v in views]).numel() if views else 0
         return self._rows[step]
+
+    def published(self, step: int) -> None:
+        """A process published ``step``; once every one has, the step's predicted writes are dropped (memory stays
+        flat over long runs: an [N] count per unpublished step)."""
+        self._publications[step] = self._publications.get(step, 0) + 1
+        if self._publications[step] == len(self.processes):
+            del self._publications[step]
+            self._predicted.pop(step, None)
 
     def commit(self, step: int, worker: int, nbytes: int) -> None:
         """``worker`` sends its part of ``step`` now; with every part sent, the link's delivery is known and, for a
@@ -455,6 +464,7 @@ class _Process:
                 yield from self._busy(sim.costs.publish_s(sim.published_rows(step)))
                 self.published = step
                 self._pending.pop(step, None)
+                sim.published(step)
                 changed = True
 
     def _validate(self, step: int, staged: list[_Read]) -> Generator[Command, None, None]:
