@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _report import BENCHMARKS, cpu_name, publish
-from bench_train import BIN, MODES, make_street, run, train_mode
+from bench_train import BIN, make_street, run, train_mode
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
@@ -62,6 +62,8 @@ from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationRes
 from odin_nerfstudio.simulation.workload import ROW_BYTES, Workload, initial_model
 
 NAME = "bench_simulate"
+MODES = ("barrier", "quality", "throughput")
+"""Odin's modes, simulated and measured."""
 PAPER_SPEEDUP_8 = 1.22
 """The Odin paper's throughput over the barrier at 8 GPUs."""
 POINTS_PER_METRE = 12.2
@@ -97,6 +99,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--views", type=int, default=64, help="views of the synthetic street")
     parser.add_argument("--street-length", type=float, default=80.0, help="street length (m)")
     parser.add_argument("--gaussians", type=int, default=40_000, help="Gaussians of the procedural world")
+    parser.add_argument("--points", type=int, default=2000, help="Gaussian centres offered as SfM points")
+    parser.add_argument(
+        "--remote-writes",
+        choices=("drawn", "candidates"),
+        default="drawn",
+        help="what the runs predicted of the other ranks' writes: drawn rows (today's runtime) or candidate sets "
+        "(the runtime before main d26e6ae: pass it to replay runs made then)",
+    )
     parser.add_argument("--iterations", type=int, default=120, help="schedule steps per 2-rank run")
     parser.add_argument("--virtual-iterations", type=int, default=60, help="schedule steps of the 4-worker run")
     parser.add_argument("--big-views", type=int, default=1024, help="views of the predicted street and city")
@@ -136,7 +146,7 @@ def real_runs(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, P
     runs, reused = {}, []
     for link in args.interconnect:
         for mode in MODES:
-            path = folder / f"{mode}-{link}" / "odin-splat" / "run"
+            path = folder / f"{scene.name}-{mode}-{link}" / "odin-splat" / "run"
             if list(path.glob("odin_timeline_rank*.json")):
                 reused.append(f"{mode}-{link}")
             else:
@@ -167,6 +177,7 @@ def replay(
         num_workers=workers,
         steps=args.virtual_iterations if virtual else args.iterations,
         workers_per_process=workers if virtual else 1,
+        remote_writes=args.remote_writes,
     )
     interconnect = Interconnect.preset(link, "emulated", base_s)
     sized = workload.with_sizes(recorded_sizes([run_dir]))
@@ -322,7 +333,8 @@ def report(
                 f"{args.gaussians:,} procedural Gaussians; {args.iterations} steps on 2 ranks, "
                 f"{args.virtual_iterations} steps on 4 virtual workers): each run replayed from the costs fitted on "
                 "its own timeline and the exchange base of the loopback run of its mode; the 10gbe runs' link is the "
-                f"simulator's model of `comm/link.py`. **{within} of {len(replays)} runs within 15%.** {made}"
+                f"simulator's model of `comm/link.py`; the other ranks' writes predicted by their {args.remote_writes} "
+                f"rows, as the runs did. **{within} of {len(replays)} runs within 15%.** {made}"
             ),
             "",
             *validation_table(replays),

@@ -62,8 +62,9 @@ class SimulateCliConfig:
     """How a step's parts travel: emulated (comm/link.py's model), allgather (ring), ring-allreduce (dense)."""
     virtual: bool = False
     """Every worker in one process (virtual workers sharing one thread), else one process per worker."""
-    remote_writes: Literal["candidates", "active"] = "candidates"
-    """Another process's predicted unpublished writes: its tasks' candidate sets (today) or their active sets."""
+    remote_writes: Literal["drawn", "candidates"] = "drawn"
+    """Another process's predicted unpublished writes: the rows its tasks would draw (today's runtime with an
+    escape check) or their candidate sets (without one; runs made before main's d26e6ae)."""
     exchanges_in_flight: int = 1
     """A worker commits step s once step s - this is published (today 1)."""
     replay_sizes: bool = False

@@ -11,8 +11,8 @@ predicts (views/s, idle share, exposed and hidden wait) come from the same decis
   that may read (dynamic ordering), and, when no local worker can, a block on the next publication;
 - admission: the mode's real policy (``runtime/admission.POLICIES``) decides the ring and barrier gates; RAW is
   ``core/conflicts.raw`` of C(t) against the unpublished steps' writes as the process sees them: its own staged
-  tasks' active sets, and the other processes' tasks' predicted writes (``remote_writes``: their candidate sets,
-  what ``RemoteTasks`` predicts today, or their active sets, a tighter prediction). Throughput-first admits a read
+  tasks' active sets, and the other processes' tasks' predicted writes (``remote_writes``: the rows they would
+  draw, what ``RemoteTasks`` predicts today with an escape check, or their candidate sets, without one). Throughput-first admits a read
   past conflicts within the policy's ``stale_fraction`` and ``max_staleness`` (its gradient-size test cannot be
   replayed without gradients: assumed to pass) and re-runs it at validation when a write it missed lands;
 - exchange: a worker commits step s once its tasks of s are staged and step ``s - exchanges_in_flight`` is
@@ -60,8 +60,9 @@ class SimulationConfig:
         steps: schedule steps to run.
         workers_per_process: workers sharing one process (1: a rank each; W: virtual workers in one process).
         follow_overlap_window: read a step only once the steps before its overlap window are published.
-        remote_writes: what stands for another process's unpublished writes: ``candidates`` (today's
-            ``RemoteTasks``) or ``active`` (a tighter prediction: exactly its write sets).
+        remote_writes: what stands for another process's unpublished writes: ``drawn`` (the rows its tasks would
+            draw, the workload's write sets: today's ``RemoteTasks`` with an escape check) or ``candidates`` (their
+            candidate sets: ``RemoteTasks`` without one, and every run before main's d26e6ae).
         exchanges_in_flight: a worker commits step s once step s - exchanges_in_flight is published (today 1).
         payload_on_poll: the exchange is two-phase, as ``comm/transport.DistributedTransport``'s: the header
             all_gather starts at the commit, the payload only at each process's first poll of the step (a
@@ -78,7 +79,7 @@ class SimulationConfig:
     steps: int = 120
     workers_per_process: int = 1
     follow_overlap_window: bool = True
-    remote_writes: Literal["candidates", "active"] = "candidates"
+    remote_writes: Literal["drawn", "candidates"] = "drawn"
     exchanges_in_flight: int = 1
     payload_on_poll: bool | None = None
     seed: int = 0
@@ -98,8 +99,8 @@ class SimulationConfig:
             raise ValueError(f"workers_per_process ({self.workers_per_process}) must divide W ({self.num_workers})")
         if self.exchanges_in_flight < 1:
             raise ValueError(f"exchanges_in_flight must be >= 1, got {self.exchanges_in_flight}")
-        if self.remote_writes not in ("candidates", "active"):
-            raise ValueError(f"remote_writes must be 'candidates' or 'active', got {self.remote_writes!r}")
+        if self.remote_writes not in ("drawn", "candidates"):
+            raise ValueError(f"remote_writes must be 'drawn' or 'candidates', got {self.remote_writes!r}")
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K and seed."""
