@@ -311,8 +311,9 @@ def report(
     within = sum(abs(r.error) <= 0.15 for r in replays)
     walls = [r.measured.span_s for r in replays]
     made = (
-        f"Real runs reused from `--runs-dir` ({', '.join(reused)}), made by this code before: a 2-rank mode run took "
-        "130-250 s of wall time under this load (about 40 s on an idle machine), the 4-worker run 154 s."
+        f"Real runs reused from `--runs-dir` ({', '.join(reused)}), made earlier by bench_train's `train_mode` and "
+        "this benchmark's 4-worker command (a 2-rank mode run took 130-250 s of wall time under this load, about "
+        "40 s on an idle machine; the 4-worker run 154 s)."
         if reused
         else f"Real runs made now (training spans {min(walls):.0f}-{max(walls):.0f} s)."
     )
@@ -344,7 +345,8 @@ def report(
             (
                 f"Predictions: B = 1, K = 4, {args.predict_steps} steps per mode, one rank per worker, 10gbe "
                 "(`comm/link.py`'s preset: 10 GbE slowed like this CPU's compute) as a ring all-gather of the sparse "
-                "parts; quality-first's row is the paper's comparison, **1.22x at 8 GPUs** in the paper. The last "
+                "parts, the other ranks' writes predicted by the rows they would draw (today's runtime); quality-first's "
+                "row is the paper's comparison, **1.22x at 8 GPUs** in the paper. The last "
                 "column is the barrier exchanging as dense data parallelism does (a ring all-reduce of all N rows)."
             ),
             "",
