@@ -163,6 +163,13 @@ def real_runs(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, P
     return scene, runs, reused
 
 
+def runs_wall_s(runs: dict[str, Path]) -> float:
+    """Seconds from the first run's config.yml to the last run's last file: the real runs' wall time."""
+    starts = [(path / "config.yml").stat().st_mtime for path in runs.values()]
+    ends = [max(f.stat().st_mtime for f in path.iterdir()) for path in runs.values()]
+    return max(ends) - min(starts)
+
+
 def replay(
     label: str, run_dir: Path, workload: Workload, base_s: float, pooled: CostModel, args: argparse.Namespace
 ) -> Replay:
@@ -306,14 +313,14 @@ def report(
     predictions: list[tuple[Workload, int, dict[str, SimulationResult]]],
     seconds: float,
     reused: list[str],
+    runs: dict[str, Path],
 ) -> str:
     """The markdown section (without markers)."""
     within = sum(abs(r.error) <= 0.15 for r in replays)
     walls = [r.measured.span_s for r in replays]
     made = (
-        f"Real runs reused from `--runs-dir` ({', '.join(reused)}), made earlier by bench_train's `train_mode` and "
-        "this benchmark's 4-worker command (a 2-rank mode run took 130-250 s of wall time under this load, about "
-        "40 s on an idle machine; the 4-worker run 154 s)."
+        f"Real runs reused from `--runs-dir` ({', '.join(reused)}), made earlier by this benchmark's commands "
+        f"(their files span {runs_wall_s(runs) / 60:.0f} min of wall time on this machine)."
         if reused
         else f"Real runs made now (training spans {min(walls):.0f}-{max(walls):.0f} s)."
     )
@@ -433,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             predictions.append((scene_workload, workers, predict(scene_workload, pooled, workers, args)))
             print(prediction_table(predictions)[-1], flush=True)
-    text = report(args, command, replays, pooled, predictions, time.perf_counter() - start, reused)
+    text = report(args, command, replays, pooled, predictions, time.perf_counter() - start, reused, runs)
     publish(NAME, text, None if args.no_write else args.output)
 
 
