@@ -145,26 +145,28 @@ class Meter:
         between: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Render an admitted read with ``render_fn``, call ``before_backward(info)`` if given, then ``between()``
-        outside both spans, back-propagate; both spans go on the timeline and into ``render_ns`` / ``backward_ns``.
-        Returns the render's info."""
+        outside both spans, back-propagate; both spans go on the timeline (with |C(t)| and the image's pixels, what a
+        task's cost grows with: the simulator's cost model is fitted on them) and into ``render_ns`` /
+        ``backward_ns``. Returns the render's info."""
         task = read.task
+        size = {"candidates": read.candidate.numel(), "pixels": task.camera.width * task.camera.height}
         start = self.timeline.now()
         loss, info = render_fn(task, read.leaves, read.generator)
         if before_backward is not None:
             before_backward(info)
-        self.counters.render_ns += self._span("render", task, start)
+        self.counters.render_ns += self._span("render", task, start, size)
         if between is not None:
             between()
         start = self.timeline.now()
         loss.backward()
-        self.counters.backward_ns += self._span("backward", task, start)
+        self.counters.backward_ns += self._span("backward", task, start, size)
         self.counters.tasks += 1
         return info
 
-    def _span(self, name: str, task: Task, start_ns: int) -> int:
+    def _span(self, name: str, task: Task, start_ns: int, size: dict[str, int]) -> int:
         """Record ``name`` of ``task`` since ``start_ns`` once the device is done; returns its length in ns."""
         synchronize(self.device)
-        event = self.timeline.record(name, task.worker, task.step, start_ns, {"view": task.view})
+        event = self.timeline.record(name, task.worker, task.step, start_ns, {"view": task.view, **size})
         return event.end_ns - event.start_ns
 
     def in_transport(self, call: Callable[..., _Result], *args: Any) -> _Result:

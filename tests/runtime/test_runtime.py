@@ -414,6 +414,9 @@ def test_timeline_exports_a_chrome_trace(tmp_path) -> None:
     assert all(e["ph"] == "X" and e["dur"] >= 0 and e["args"]["primitives"] > 0 for e in waits)
     assert all(e["args"]["primitive_ids"] for e in waits)
     assert runtime.timeline.total_ns("render") > 0
+    # Render and backward spans carry what the simulator's cost model is fitted on: |C(t)| and the pixels.
+    tasks = [e for e in trace["traceEvents"] if e["name"] in ("render", "backward")]
+    assert all(e["args"]["candidates"] > 0 and e["args"]["pixels"] > 0 for e in tasks)
 
 
 def test_bookkeeping_time_excludes_the_render_and_backward_of_reruns() -> None:

@@ -1,0 +1,182 @@
+"""`odin-simulate`: predict Odin's throughput on W workers from a real run's fitted costs and a scene's schedule.
+
+Inputs: ``--run`` one or more run folders of odin-splat (their ``odin_timeline*.json`` and ``odin_counters*.json``;
+the task, publication, exchange and trainer costs are fitted on them, ``costs.py``), or ``--costs`` a cost model
+saved by ``--save-costs``; and ``--scene`` the COLMAP scene to replay (default: the first run's, from its
+config.yml; an ``odin-synth`` scene, fern). For each W of ``--workers`` and each mode of ``--modes`` it simulates
+``--steps`` schedule steps (``simulator.py``) behind ``--interconnect`` and prints views/s, the speed-up over the
+barrier, the idle share, the exposed wait per view, the hidden wait and the conflict rate. ``--replay`` instead
+simulates the first run as it ran (its mode, W, B, K, steps, processes, interconnect, recorded |C(t)|) and prints
+the measured and predicted views/s side by side.
+
+Example: ``odin-simulate --run outputs/street/odin-splat/run --scene data/synth/street --workers 2 8 64
+--interconnect 10gbe --collective allgather``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import tyro
+
+from odin_nerfstudio.core.timeline_metrics import load_run
+from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
+from odin_nerfstudio.simulation.costs import CostModel, recorded_sizes
+from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
+from odin_nerfstudio.simulation.run_folder import read_run_settings
+from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationResult, simulate
+from odin_nerfstudio.simulation.workload import Workload
+
+
+@dataclass
+class SimulateCliConfig:
+    """Simulate Odin's modes on W workers from a real run's costs and a scene's schedule."""
+
+    run: list[Path] = field(default_factory=list)
+    """Run folders (or trace files) whose timelines the costs are fitted on."""
+    scene: Optional[Path] = None
+    """COLMAP scene folder (holding sparse/0/) whose training views and schedule are replayed (default: the first
+    run's, from its config.yml)."""
+    costs: Optional[Path] = None
+    """A cost model saved by --save-costs, instead of fitting one on --run."""
+    save_costs: Optional[Path] = None
+    """Write the fitted cost model here (JSON)."""
+    replay: bool = False
+    """Simulate the first --run as it ran and compare with what it measured."""
+    workers: list[int] = field(default_factory=lambda: [2, 8, 64])
+    """W values to simulate."""
+    modes: list[Mode] = field(default_factory=lambda: ["barrier", "quality", "throughput"])
+    """Runtime modes to simulate."""
+    views_per_worker: int = 1
+    """B, views per worker per step."""
+    ring_slots: int = 4
+    """K, steps staged at once (and the schedule's overlap reach)."""
+    steps: int = 120
+    """Schedule steps per simulated run."""
+    interconnect: Literal["none", "10gbe", "pcie"] = "none"
+    """The link under every exchange (comm/link.py's presets)."""
+    collective: Collective = "emulated"
+    """How a step's parts travel: emulated (comm/link.py's model), allgather (ring), ring-allreduce (dense)."""
+    virtual: bool = False
+    """Every worker in one process (virtual workers sharing one thread), else one process per worker."""
+    remote_writes: Literal["drawn", "candidates"] = "drawn"
+    """Another process's predicted unpublished writes: the rows its tasks would draw (today's runtime with an
+    escape check) or their candidate sets (without one; runs made before main's d26e6ae)."""
+    exchanges_in_flight: int = 1
+    """A worker commits step s once step s - this is published (today 1)."""
+    replay_sizes: bool = False
+    """Cost each view's task with the |C(t)| the run recorded for it (the run's own scene), not the culled one."""
+    downscale: int = 1
+    """Divide the scene's image sides by this (as the datamanager's camera-res-scale-factor would)."""
+    seed: int = 0
+    """The schedule's seed."""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point `odin-simulate`: parse, simulate, print the table."""
+    config = tyro.cli(SimulateCliConfig, args=argv, prog="odin-simulate")
+    try:
+        lines = run(config)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"odin-simulate: error: {error}") from None
+    print("\n".join(lines))
+
+
+def run(config: SimulateCliConfig) -> list[str]:
+    """Fit, build the workload, simulate every (W, mode); the lines to print.
+
+    Raises:
+        FileNotFoundError: a --run or --scene folder without what it must hold.
+        ValueError: invalid options, or a --costs file that is not a cost model.
+    """
+    if any(w < 1 for w in config.workers) or config.steps < 1 or config.downscale < 1:
+        raise ValueError("--workers, --steps and --downscale must be >= 1")
+    if not config.run and (config.costs is None or config.scene is None or config.replay):
+        raise ValueError("pass --run (a run folder), or --costs with --scene (--replay needs --run)")
+    costs = CostModel.load(config.costs) if config.costs is not None else CostModel.fit(config.run)
+    if config.save_costs is not None:
+        costs.save(config.save_costs)
+    scene = config.scene if config.scene is not None else read_run_settings(config.run[0]).scene
+    workload = Workload.from_colmap(scene, downscale=config.downscale)
+    if config.replay:
+        return replay(config, costs, workload)
+    if config.replay_sizes:
+        workload = workload.with_sizes(recorded_sizes(config.run))
+    interconnect = Interconnect.preset(config.interconnect, config.collective, costs.base_s)
+    lines = [
+        f"costs ({', '.join(str(r) for r in config.run) or config.costs}): {costs.describe()}",
+        f"scene {scene}: {workload.num_views} training views, N = {workload.num_rows}, mean |C(v)| / N "
+        f"{workload.mean_candidate_share():.1%}; interconnect {interconnect.name} ({interconnect.collective})",
+        "",
+        "| W | mode | views/s | x barrier | idle share | exposed wait / view | hidden wait | conflict rate |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workers in config.workers:
+        results = {
+            mode: simulate(workload, costs, interconnect, simulation_config(config, mode, workers))
+            for mode in config.modes
+        }
+        barrier = results.get("barrier")
+        lines += [row(workers, mode, result, barrier) for mode, result in results.items()]
+    return lines
+
+
+def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> list[str]:
+    """The first run simulated as it ran, beside what it measured."""
+    run = config.run[0]
+    settings = read_run_settings(run)
+    simulation = SimulationConfig(
+        runtime=OdinRuntimeConfig(mode=settings.mode, ring_slots=settings.ring_slots),  # type: ignore[arg-type]
+        num_workers=settings.num_workers,
+        views_per_worker=settings.views_per_worker,
+        steps=settings.steps,
+        workers_per_process=settings.num_workers // settings.processes,
+        remote_writes=config.remote_writes,
+        exchanges_in_flight=config.exchanges_in_flight,
+        seed=settings.seed,
+    )
+    interconnect = Interconnect.preset(settings.interconnect, "emulated", costs.base_s)
+    predicted = simulate(workload.with_sizes(recorded_sizes([run])), costs, interconnect, simulation)
+    measured = load_run(run)[0]
+    error = predicted.views_per_s / measured.views_per_s - 1.0
+    return [
+        f"costs: {costs.describe()}",
+        f"{run}: {settings.mode}, W = {settings.num_workers} in {settings.processes} process(es), B = "
+        f"{settings.views_per_worker}, K = {settings.ring_slots}, {settings.steps} steps, interconnect "
+        f"{settings.interconnect}",
+        f"views/s measured {measured.views_per_s:.2f}, predicted {predicted.views_per_s:.2f} ({error:+.0%}); idle "
+        f"share measured {' / '.join(f'{r.idle_share:.0%}' for r in measured.ranks)}, predicted "
+        f"{predicted.idle_share:.0%}",
+    ]
+
+
+def simulation_config(config: SimulateCliConfig, mode: str, workers: int) -> SimulationConfig:
+    """The simulation of ``mode`` on ``workers`` workers the options ask for."""
+    return SimulationConfig(
+        runtime=OdinRuntimeConfig(mode=mode, ring_slots=config.ring_slots),  # type: ignore[arg-type]
+        num_workers=workers,
+        views_per_worker=config.views_per_worker,
+        steps=config.steps,
+        workers_per_process=workers if config.virtual else 1,
+        remote_writes=config.remote_writes,
+        exchanges_in_flight=config.exchanges_in_flight,
+        seed=config.seed,
+    )
+
+
+def row(workers: int, mode: str, result: SimulationResult, barrier: SimulationResult | None) -> str:
+    """One table row."""
+    speedup = "-" if barrier is None else f"{result.views_per_s / barrier.views_per_s:.2f}"
+    hidden = None if barrier is None or barrier is result else result.hidden_wait(barrier)
+    return (
+        f"| {workers} | {mode} | {result.views_per_s:.1f} | {speedup} | {result.idle_share:.0%} | "
+        f"{result.wait_per_view_s * 1e3:.1f} ms | {'-' if hidden is None else f'{hidden:.0%}'} | "
+        f"{result.conflict_rate:.2f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
