@@ -3,17 +3,53 @@
 A worker hands its local update of step s to ``start_exchange(step, local_update)`` and gets a handle;
 ``handle.wait(timeout)`` returns the merged update: every worker's contribution summed in worker order (worker 0
 first) on the union of their rows, with every worker's task statistics listed in worker order (then task order),
-identical on every worker, so every replica's densification statistics hold every task. The runtime never names
+identical on every worker, so every replica's densification statistics hold every task (the distributed
+transport's all_reduce exchanges with W > 2 sum in the backend's order instead, see below). The runtime never names
 a backend: the in-process :class:`VirtualTransport` serves virtual workers, and a torch.distributed backend
-(all_gather of variable-sized sparse rows over gloo or NCCL) plugs in behind the same :class:`Transport` protocol.
+(over gloo or NCCL, below) plugs in behind the same :class:`Transport` protocol.
 Every wait has a timeout and its error names what it waited for.
 
-:class:`DistributedTransport` is the torch.distributed backend: all ranks issue the same collectives in the same
-order (exchanges start in step order), every one asynchronous: an all_gather of a header (row count, statistics
-entries, tasks with statistics), and once it has arrived all_gathers of the indices (rows, statistics' rows, each
-task's entry count), the packed gradient rows and, when any rank has statistics, their values (per
-:class:`StatsLayout`: the statistics are the render adapter's plain per-task tensor dicts),
-each padded to the longest of any rank, merged in rank order on every rank. Starting an exchange never blocks.
+:class:`DistributedTransport` is the torch.distributed backend. Its design, in four decisions:
+
+- A progress thread per transport owns every collective of the exchanges. ``start_exchange`` only queues (step,
+  update); the thread issues the header all_gather (each rank's rows, statistics entries, tasks, span), waits,
+  issues the payload sized from it, waits, merges and marks the handle done. Why: a payload sized from the header
+  cannot be issued with it, and when the main thread issued it (at its next ``done()`` / ``wait()``), a rank deep
+  in a long render held back every rank's payload. Now progress never depends on a rank polling; ``done()`` never
+  blocks and ``wait(timeout)`` waits on a condition. Each collective is waited for at most the transport's
+  ``timeout`` (in slices, so that :meth:`DistributedTransport.close` ends the thread); an error (a timeout naming
+  the step and what it waited for, or a failed collective) fails that exchange and every later one, and reaches
+  their next ``done()`` / ``wait()``. The launcher closes the thread (:func:`close_transports`) before destroying
+  the process group, as it stops the heartbeat.
+- Any number of exchanges may be in flight, and the thread runs them one after the other in step order. Why: gloo
+  and NCCL pair the ranks' collectives by the order they are issued, so every rank must issue the same sequence;
+  the runtime starts exchanges in step order on every rank (a step out of order is an error), and one thread that
+  issues all of them in that order makes the sequence identical on every rank whatever each rank's timing. For the
+  same reason a collective from the main thread (a replica check, the barrier after rank 0's work) may run only
+  when no exchange is in flight, after the runtime's ``settle``: :func:`require_no_exchange_in_flight` makes a
+  violation an error instead of a silent interleaving.
+- Per step, the gradient rows travel by the cheapest of three exchanges (bytes a rank sends, as many received, ring
+  model; D the packed gradient width, R the longest rows of any rank, W ranks; :meth:`_Shape.predict`):
+  (a) ``sparse``, today's all-gather of every rank's rows padded to R with their indices,
+  (W - 1) R (8 + 4 D), O(W |A|); (b) ``union``, all-gather the row indices ((a) needs them anyway), agree on their
+  union U, then all_reduce (sum) only [|U|, D], (W - 1) 8 R + 2 (W - 1) / W |U| 4 D; (c) ``dense``, all_reduce
+  [N, D + 1] with no indices at all (the last column counts the ranks that touched a row: U is where it is
+  positive), 2 (W - 1) / W N 4 (D + 1), O(N) whatever W, N being the largest row touched + 1. The choice is made
+  from what every rank knows, so it is the same on every rank: after the header, dense if its bytes are below
+  sparse's and union's with |U| estimated from the sizes (:func:`estimated_union`); otherwise after the indices,
+  with the exact |U|, union if cheaper than sparse. The tasks' statistics always travel by all-gather. A transport
+  may force one (``choice``; the trainer's ``--exchange``). Each handle tells its choice and its bytes, predicted
+  per choice and counted from the tensors passed to the collectives (:class:`ExchangeBytes`).
+- Every choice gives every rank the same merged update (rows, bits, statistics in rank order). For W = 2 all three
+  equal ``sum_in_order`` bit for bit: a row's sum is g0 + g1, g0 + 0 or 0 + g1, and two-term float addition
+  commutes (``sum_in_order`` starts a row from 0 and adds each rank's part, so a rank without the row adds
+  nothing; only the sign of a zero can differ, which no consumer tells apart). For W > 2, union and dense sum in
+  the order of the backend's all_reduce algorithm (chunk by chunk around a ring or tree), not in rank order: the
+  bits may differ from ``sum_in_order``'s (and so from the in-process transport's) in the last place, while every
+  rank gets the same bits (a ring reduces each chunk once and copies it to every rank; shown for gloo with W = 4
+  by tests/comm/test_exchange_choice.py, not tested on NCCL). Force ``sparse`` where W > 2 runs must match the
+  in-process run bit for bit.
+
 A rank with no task in a step still sends its empty update.
 """
 
