@@ -146,6 +146,7 @@ def _rank_main(rank: int, init_file: str, sets_file: str, out_file: str) -> None
             transport.close()
         if rank == 0:
             torch.save(out, out_file)
+        dist.barrier()  # no rank leaves while a peer may still read its last collective's bytes
     except BaseException:
         Path(out_file + f".error{rank}").write_text(traceback.format_exc())
     os._exit(0)
@@ -183,7 +184,7 @@ def exchange(sets: SceneSets) -> Row:
         mp.spawn(_rank_main, args=(f"{tmp}/init", sets_file, out_file), nprocs=sets.world_size, join=True)
         errors = [p.read_text() for p in Path(tmp).glob("out.pt.error*")]
         if errors:
-            raise RuntimeError(f"{sets.name}, W = {sets.world_size}: a rank failed:\n{errors[0]}")
+            raise RuntimeError(f"{sets.name}, W = {sets.world_size}: ranks failed:\n" + "\n".join(errors))
         out = torch.load(out_file, weights_only=False)
     return Row(sets, {run: [b for b, _ in out[run]] for run in RUNS}, [c for _, c in out["auto"]])
 
@@ -256,6 +257,7 @@ def report(args: argparse.Namespace, command: str, rows: list[Row]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small scenes, W = 2 and 4, print only")
+    parser.add_argument("--scenes", nargs="*", default=["street", "object"], help="street and/or object")
     parser.add_argument("--workers", type=int, nargs="*", default=[2, 4, 8], help="W values")
     parser.add_argument("--steps", type=int, default=8, help="schedule steps per (scene, W)")
     parser.add_argument("--street-gaussians", type=int, default=50_000, help="N of the street")
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     command = "python " + shlex.join(["benchmarks/bench_exchange.py", *(sys.argv[1:] if argv is None else argv)])
     rows = []
-    for name in ("street", "object"):
+    for name in args.scenes:
         for world_size in args.workers:
             row = exchange(active_sets(name, args, world_size))
             print(f"{name} W={world_size}: " + ", ".join(f"{c} {kib(row.mean(c))} KiB" for c in RUNS), flush=True)
