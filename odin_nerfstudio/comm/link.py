@@ -187,6 +187,12 @@ class LinkedHandle:
         self._transport = transport
         self._delivery: float | None = None
 
+    @property
+    def bytes(self) -> Any:
+        """The real exchange's :class:`~odin_nerfstudio.comm.transport.ExchangeBytes` once done (None for a
+        transport that does not count them, such as the in-process one)."""
+        return getattr(self.inner, "bytes", None)
+
     def delivery_s(self) -> float:
         """When the modeled link delivers this exchange (on the transport's clock); the real exchange must be done."""
         if self._delivery is None:

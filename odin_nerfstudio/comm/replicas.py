@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from odin_nerfstudio.comm.transport import require_no_exchange_in_flight
+
 
 def replica_checksum(params: dict[str, Tensor]) -> Tensor:
     """Per parameter (in name order), its row count, value sum and position-weighted sum, float64 [3 x names]."""
@@ -31,8 +33,10 @@ def check_replicas(params: dict[str, Tensor], step: int, group: dist.ProcessGrou
     """Compare this rank's checksum with every rank's (a collective: every rank calls it at the same step).
 
     Raises:
-        RuntimeError: naming the step, the ranks that differ from rank 0 and their parameters.
+        RuntimeError: naming the step, the ranks that differ from rank 0 and their parameters; or an exchange is
+            still in flight (settle first: the progress thread owns the collectives until then).
     """
+    require_no_exchange_in_flight(f"the replica check of step {step}")
     mine = replica_checksum(params)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)

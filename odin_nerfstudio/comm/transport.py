@@ -3,17 +3,53 @@
 A worker hands its local update of step s to ``start_exchange(step, local_update)`` and gets a handle;
 ``handle.wait(timeout)`` returns the merged update: every worker's contribution summed in worker order (worker 0
 first) on the union of their rows, with every worker's task statistics listed in worker order (then task order),
-identical on every worker, so every replica's densification statistics hold every task. The runtime never names
+identical on every worker, so every replica's densification statistics hold every task (the distributed
+transport's all_reduce exchanges with W > 2 sum in the backend's order instead, see below). The runtime never names
 a backend: the in-process :class:`VirtualTransport` serves virtual workers, and a torch.distributed backend
-(all_gather of variable-sized sparse rows over gloo or NCCL) plugs in behind the same :class:`Transport` protocol.
+(over gloo or NCCL, below) plugs in behind the same :class:`Transport` protocol.
 Every wait has a timeout and its error names what it waited for.
 
-:class:`DistributedTransport` is the torch.distributed backend: all ranks issue the same collectives in the same
-order (exchanges start in step order), every one asynchronous: an all_gather of a header (row count, statistics
-entries, tasks with statistics), and once it has arrived all_gathers of the indices (rows, statistics' rows, each
-task's entry count), the packed gradient rows and, when any rank has statistics, their values (per
-:class:`StatsLayout`: the statistics are the render adapter's plain per-task tensor dicts),
-each padded to the longest of any rank, merged in rank order on every rank. Starting an exchange never blocks.
+:class:`DistributedTransport` is the torch.distributed backend. Its design, in four decisions:
+
+- A progress thread per transport owns every collective of the exchanges. ``start_exchange`` only queues (step,
+  update); the thread issues the header all_gather (each rank's rows, statistics entries, tasks, span), waits,
+  issues the payload sized from it, waits, merges and marks the handle done. Why: a payload sized from the header
+  cannot be issued with it, and when the main thread issued it (at its next ``done()`` / ``wait()``), a rank deep
+  in a long render held back every rank's payload. Now progress never depends on a rank polling; ``done()`` never
+  blocks and ``wait(timeout)`` waits on a condition. Each collective is waited for at most the transport's
+  ``timeout`` (in slices, so that :meth:`DistributedTransport.close` ends the thread); an error (a timeout naming
+  the step and what it waited for, or a failed collective) fails that exchange and every later one, and reaches
+  their next ``done()`` / ``wait()``. The launcher closes the thread (:func:`close_transports`) before destroying
+  the process group, as it stops the heartbeat.
+- Any number of exchanges may be in flight, and the thread runs them one after the other in step order. Why: gloo
+  and NCCL pair the ranks' collectives by the order they are issued, so every rank must issue the same sequence;
+  the runtime starts exchanges in step order on every rank (a step out of order is an error), and one thread that
+  issues all of them in that order makes the sequence identical on every rank whatever each rank's timing. For the
+  same reason a collective from the main thread (a replica check, the barrier after rank 0's work) may run only
+  when no exchange is in flight, after the runtime's ``settle``: :func:`require_no_exchange_in_flight` makes a
+  violation an error instead of a silent interleaving.
+- Per step, the gradient rows travel by the cheapest of three exchanges (bytes a rank sends, as many received, ring
+  model; D the packed gradient width, R the longest rows of any rank, W ranks; :meth:`_Shape.predict`):
+  (a) ``sparse``, today's all-gather of every rank's rows padded to R with their indices,
+  (W - 1) R (8 + 4 D), O(W |A|); (b) ``union``, all-gather the row indices ((a) needs them anyway), agree on their
+  union U, then all_reduce (sum) only [|U|, D], (W - 1) 8 R + 2 (W - 1) / W |U| 4 D; (c) ``dense``, all_reduce
+  [N, D + 1] with no indices at all (the last column counts the ranks that touched a row: U is where it is
+  positive), 2 (W - 1) / W N 4 (D + 1), O(N) whatever W, N being the largest row touched + 1. The choice is made
+  from what every rank knows, so it is the same on every rank: after the header, dense if its bytes are below
+  sparse's and union's with |U| estimated from the sizes (:func:`estimated_union`); otherwise after the indices,
+  with the exact |U|, union if cheaper than sparse. The tasks' statistics always travel by all-gather. A transport
+  may force one (``choice``; the trainer's ``--exchange``). Each handle tells its choice and its bytes, predicted
+  per choice and counted from the tensors passed to the collectives (:class:`ExchangeBytes`).
+- Every choice gives every rank the same merged update (rows, bits, statistics in rank order). For W = 2 all three
+  equal ``sum_in_order`` bit for bit: a row's sum is g0 + g1, g0 + 0 or 0 + g1, and two-term float addition
+  commutes (``sum_in_order`` starts a row from 0 and adds each rank's part, so a rank without the row adds
+  nothing; only the sign of a zero can differ, which no consumer tells apart). For W > 2, union and dense sum in
+  the order of the backend's all_reduce algorithm (chunk by chunk around a ring or tree), not in rank order: the
+  bits may differ from ``sum_in_order``'s (and so from the in-process transport's) in the last place, while every
+  rank gets the same bits (a ring reduces each chunk once and copies it to every rank; shown for gloo with W = 4
+  by tests/comm/test_exchange_choice.py, not tested on NCCL). Force ``sparse`` where W > 2 runs must match the
+  in-process run bit for bit.
+
 A rank with no task in a step still sends its empty update.
 """
 
@@ -22,16 +58,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import queue
 import threading
 import time
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.core.conflicts import union_sorted
+from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
 
 
 class ExchangeHandle(Protocol):
@@ -160,11 +200,13 @@ class StatsLayout:
 
 @dataclass(frozen=True)
 class _Sizes:
-    """What one rank sends in a step: sparse rows, statistics entries (all its tasks) and tasks with statistics."""
+    """What one rank sends in a step: sparse rows, statistics entries (all its tasks), tasks with statistics, and
+    its span (its largest row + 1, 0 without rows: the dense exchange covers rows [0, the largest span))."""
 
     rows: int
     entries: int
     tasks: int
+    span: int
 
 
 def _entries(stats: dict[str, Tensor]) -> int:
@@ -173,8 +215,9 @@ def _entries(stats: dict[str, Tensor]) -> int:
 
 
 def _sizes_of(update: SparseUpdate) -> list[int]:
-    """[rows, statistics entries, tasks with statistics] of a local update (the header every rank gathers)."""
-    return [update.rows.numel(), sum(_entries(s) for s in update.stats), len(update.stats)]
+    """[rows, statistics entries, tasks with statistics, span] of a local update (the header every rank gathers)."""
+    span = int(update.rows[-1]) + 1 if update.rows.numel() else 0
+    return [update.rows.numel(), sum(_entries(s) for s in update.stats), len(update.stats), span]
 
 
 def _padded(tensor: Tensor, length: int) -> Tensor:
@@ -208,10 +251,12 @@ def _concat(update: SparseUpdate, name: str, dtype: torch.dtype, device: torch.d
 
 def _pack_indices(update: SparseUpdate, layout: StatsLayout, longest: _Sizes, device: torch.device) -> Tensor:
     """The int64 part of a rank's message, [longest rows + entries x int statistics + tasks]: its rows, each int64
-    statistic (task after task) and each task's entry count, each padded to the longest of any rank."""
+    statistic (task after task) and each task's entry count, each padded to the longest of any rank (``longest``
+    is the message's lengths: its rows are 0 where the rows do not travel)."""
     lengths = torch.tensor([_entries(s) for s in update.stats], dtype=torch.int64, device=device)
     stats = [_padded(_concat(update, name, torch.int64, device), longest.entries) for name in layout.index_names]
-    return torch.cat([_padded(update.rows, longest.rows), *stats, _padded(lengths, longest.tasks)])
+    rows = update.rows if longest.rows else update.rows[:0]  # the dense exchange sends no rows (longest.rows = 0)
+    return torch.cat([_padded(rows, longest.rows), *stats, _padded(lengths, longest.tasks)])
 
 
 def _pack_stat_values(update: SparseUpdate, layout: StatsLayout, longest: _Sizes, device: torch.device) -> Tensor:
@@ -235,132 +280,185 @@ def _unpack_stats(
     return tuple({name: parts[t] for name, parts in columns.items()} for t in range(sizes.tasks))
 
 
-@dataclass(frozen=True)
-class _Payload:
-    """The payload all_gathers of an exchange, issued once the header is in: every rank's sizes, the works and
-    their outputs (the statistics' values only when some rank has statistics)."""
+ExchangeChoice = Literal["auto", "sparse", "union", "dense"]
+"""How the gradient rows of an exchange travel: chosen per step by predicted bytes ("auto"), or forced."""
+CHOICES: tuple[str, ...] = ("sparse", "union", "dense")
+"""The three exchanges, in the order a tie is broken (today's sparse all-gather first)."""
 
-    sizes: list[_Sizes]
-    works: list[Any]
-    indices: list[Tensor]
-    packed: list[Tensor]
-    stat_values: list[Tensor] | None
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the byte formulas need besides the ranks' sizes: W, the packed gradient width D and its element size,
+    the statistics' layout."""
+
+    world_size: int
+    width: int
+    itemsize: int
+    layout: StatsLayout
+
+    def all_gather(self, nbytes: int) -> int:
+        """Bytes a rank sends (and receives) in a ring all_gather of ``nbytes`` per rank: (W - 1) x nbytes."""
+        return (self.world_size - 1) * nbytes
+
+    def all_reduce(self, nbytes: int) -> int:
+        """Bytes a rank sends (and receives) in a ring all_reduce of ``nbytes``: 2 (W - 1) / W x nbytes."""
+        return 2 * (self.world_size - 1) * nbytes // self.world_size
+
+    def predict(self, sizes: Sequence[_Sizes], union_rows: int) -> dict[str, int]:
+        """Per choice, the bytes a rank sends (and as many received) in the exchange of these sizes (every
+        collective: header, indices, statistics, gradient rows), with ``union_rows`` = |U|.
+
+        sparse: (W - 1) [R (8 + 4 D) + S], union: (W - 1) (8 R + S) + 2 (W - 1) / W |U| 4 D,
+        dense: (W - 1) S' + 2 (W - 1) / W N (4 D + 4), with R the longest rows of any rank, S (S') the statistics'
+        message with (without) the rows' padding, N the largest span, 4 the gradients' element size.
+        """
+        longest = _longest(sizes)
+        header = self.all_gather(4 * 8)
+        index_columns = longest.entries * len(self.layout.index_names) + longest.tasks
+        values = 0
+        if longest.entries and self.layout.value_names:
+            values = longest.entries * len(self.layout.value_names) * _itemsize(self.layout.value_dtype)
+        stats = self.all_gather(8 * index_columns + values)
+        with_rows = self.all_gather(8 * longest.rows) + stats
+        return {
+            "sparse": header + with_rows + self.all_gather(longest.rows * self.width * self.itemsize),
+            "union": header + with_rows + self.all_reduce(union_rows * self.width * self.itemsize),
+            "dense": header + stats + self.all_reduce(longest.span * (self.width + 1) * self.itemsize),
+        }
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def estimated_union(sizes: Sequence[_Sizes]) -> int:
+    """|U| predicted from the sizes alone: rows drawn independently from [0, N) (N the largest span),
+    N (1 - prod(1 - R_r / N)), clamped to the bounds max R_r <= |U| <= min(N, sum R_r)."""
+    span = max(s.span for s in sizes)
+    if span == 0:
+        return 0
+    missed = math.prod(1.0 - s.rows / span for s in sizes)
+    estimate = round(span * (1.0 - missed))
+    return min(max(estimate, max(s.rows for s in sizes)), span, sum(s.rows for s in sizes))
+
+
+@dataclass(frozen=True)
+class ExchangeBytes:
+    """What one exchange cost one rank, for the meter and the interconnect model.
+
+    Attributes:
+        choice: the exchange that ran ("sparse", "union" or "dense").
+        predicted: per choice, the bytes :meth:`_Shape.predict` gives (sent, and as many received); the union's
+            is exact when the rows were gathered (``union_exact``), else from :func:`estimated_union`.
+        union_exact: whether |U| was known.
+        sent: bytes this rank sent, counted from the tensors passed to the collectives (ring model: an all_gather
+            of b bytes per rank sends (W - 1) b, an all_reduce of b bytes 2 (W - 1) / W b).
+        received: bytes received, counted the same way (the ring receives what it sends).
+        collectives: each collective issued, in order: (kind, bytes of the tensor a rank passed).
+    """
+
+    choice: str
+    predicted: dict[str, int]
+    union_exact: bool
+    sent: int
+    received: int
+    collectives: tuple[tuple[str, int], ...]
 
 
 class DistributedHandle:
-    """Handle of a torch.distributed exchange: its header all_gather in flight, then its payload all_gathers.
+    """Handle of a torch.distributed exchange; the transport's progress thread completes it.
 
-    The payload is issued by the first :meth:`done` or :meth:`wait` that finds the header arrived (it is sized
-    from every rank's header); :meth:`done` never blocks, :meth:`wait` blocks at most ``timeout`` in all.
+    :meth:`done` never blocks; :meth:`wait` blocks at most ``timeout``. Both raise the progress thread's error
+    (a failed or timed-out collective) once it has one.
     """
 
-    def __init__(
-        self, transport: DistributedTransport, step: int, local_update: SparseUpdate, headers: list[Tensor], work: Any
-    ) -> None:
+    def __init__(self, transport: DistributedTransport, step: int, local_update: SparseUpdate) -> None:
         self.step = step
         self._transport = transport
-        self._local_update: SparseUpdate | None = local_update
-        self._headers = headers
-        self._header_work = work
-        self._payload: _Payload | None = None
-        self._merged: SparseUpdate | None = None
+        self.local_update: SparseUpdate | None = local_update
+        self.part = "row counts"
+        """What the exchange waits for now (for the errors): "row counts" (its header, or an earlier exchange
+        ahead of it), "sparse rows" (indices and statistics), "gradient rows"."""
+        self.merged: SparseUpdate | None = None
+        self.error: BaseException | None = None
+        self.bytes: ExchangeBytes | None = None
+        """Its bytes and choice, once done."""
 
     def done(self) -> bool:
-        """Never blocks: polls the header, issues the payload once it is in (waiting for the complete header returns
-        at once, raises if it failed, and on NCCL orders the current stream after the gather), polls the payload."""
-        if self._merged is not None:
-            return True
-        if self._payload is None:
-            if not self._header_work.is_completed():
-                return False
-            _wait(self._header_work, self._transport.timeout, self._what("row counts"))
-            self._start_payload()
-        return all(work.is_completed() for work in self._payload.works)
+        """Never blocks: whether the merged update is in; raises the progress thread's error."""
+        with self._transport.condition:
+            if self.error is not None:
+                raise self.error
+            return self.merged is not None
 
     def wait(self, timeout: float) -> SparseUpdate:
-        if self._merged is None:
-            deadline = time.monotonic() + timeout
-            if self._payload is None:
-                _wait(self._header_work, min(timeout, self._transport.timeout), self._what("row counts"))
-                self._start_payload()
-            for work in self._payload.works:
-                _wait(work, deadline - time.monotonic(), self._what("sparse rows"))
-            self._merged = self._merge()
-        return self._merged
+        """The merged update; raises ``TimeoutError`` naming the step and the part still missing after ``timeout``."""
+        with self._transport.condition:
+            finished = self._transport.condition.wait_for(
+                lambda: self.merged is not None or self.error is not None, timeout=max(timeout, 0.0)
+            )
+            if self.error is not None:
+                raise self.error
+            if not finished:
+                raise TimeoutError(f"waited {timeout:.3g} s for {self.what(self.part)}")
+            return self.merged
 
-    def _what(self, part: str) -> str:
+    def what(self, part: str) -> str:
         """What a wait of this exchange waits for, for its errors: the step, the part and the ranks."""
         return f"exchange of step {self.step}: the {part} of ranks 0..{self._transport.world_size - 1}"
 
-    def _start_payload(self) -> None:
-        """Issue the payload all_gathers, sized from the headers (their work waited for); the local update is then
-        let go."""
-        sizes = [_Sizes(*values) for values in torch.stack(self._headers).tolist()]
-        self._payload = self._transport.send_payload(self._local_update, sizes)
-        self._local_update = None
 
-    def _merge(self) -> SparseUpdate:
-        """Every rank's update summed in rank order (``sum_in_order``), their statistics listed in rank order."""
-        longest = _longest(self._payload.sizes)
-        updates = [self._rank_update(rank, longest) for rank in range(self._transport.world_size)]
-        return sum_in_order(updates, self._transport.template)
-
-    def _rank_update(self, rank: int, longest: _Sizes) -> SparseUpdate:
-        """Rank ``rank``'s update as it sent it: rows, gradients and its tasks' statistics."""
-        payload = self._payload
-        sizes, indices = payload.sizes[rank], payload.indices[rank]
-        update = _unpack(indices[: sizes.rows], payload.packed[rank][: sizes.rows], self._transport.template)
-        if sizes.tasks == 0:
-            return update
-        layout = self._transport.stats_layout
-        stat_values = payload.stat_values
-        empty = indices.new_empty((0, len(layout.value_names)), dtype=layout.value_dtype)
-        values = empty if stat_values is None else stat_values[rank]
-        return dataclasses.replace(update, stats=_unpack_stats(indices, values, layout, sizes, longest))
+class _Closed(Exception):
+    """The transport was closed while its progress thread waited for a collective."""
 
 
-def _longest(sizes: list[_Sizes]) -> _Sizes:
-    """The largest rows, entries and tasks of any rank (the padded lengths of the messages)."""
-    return _Sizes(*(max(getattr(s, f) for s in sizes) for f in ("rows", "entries", "tasks")))
+_TRANSPORTS: weakref.WeakSet[DistributedTransport] = weakref.WeakSet()
+"""Every distributed transport of this process, for the main-thread guard and the launcher's shutdown."""
 
 
-_SHORTEST_WAIT_S = 0.001
-"""A collective's wait takes milliseconds and 0 ms means "no timeout": a spent deadline still waits 1 ms."""
+def require_no_exchange_in_flight(what: str) -> None:
+    """Raise if an exchange is in flight in this process: a collective from the main thread (``what``: a replica
+    check, a barrier) would interleave with the progress thread's and break the rank-identical order.
+
+    Raises:
+        RuntimeError: naming ``what`` and the steps in flight (call the runtime's ``settle`` first).
+    """
+    steps = sorted(step for transport in list(_TRANSPORTS) for step in transport.in_flight())
+    if steps:
+        raise RuntimeError(
+            f"{what}: a collective from the main thread while the exchanges of steps {steps} are in flight; the "
+            "progress thread owns the collectives until the runtime has settled (every started step published)"
+        )
 
 
-def _wait(work: Any, timeout: float, what: str) -> None:
-    """Wait for a collective; a timeout raises TimeoutError naming ``what``, other errors say what failed."""
-    try:
-        work.wait(timeout=datetime.timedelta(seconds=max(timeout, _SHORTEST_WAIT_S)))
-    except RuntimeError as error:
-        if "timed out" in str(error).lower():
-            raise TimeoutError(f"waited {timeout:.3g} s for {what}") from error
-        raise RuntimeError(f"{what} failed: {error}") from error
+def close_transports() -> None:
+    """Stop the progress thread of every distributed transport of this process (before destroying the process
+    group: a daemon thread inside a collective at exit aborts the process)."""
+    for transport in list(_TRANSPORTS):
+        transport.close()
+
+
+_SLICE_S = 0.1
+"""The progress thread waits for a collective in slices this long, to notice :meth:`DistributedTransport.close`."""
 
 
 class DistributedTransport:
     """Sparse-update exchange over torch.distributed (gloo on CPU, NCCL on CUDA): one instance per rank.
 
-    Nothing blocks at :meth:`start_exchange`: it issues the header all_gather and returns, so a rank that commits
-    step s early goes on reading and rendering step s + 1 while the other ranks still compute step s. The payload
-    is issued later, by the handle's first ``done()`` or ``wait()`` that finds the header arrived.
-
-    Why every rank still issues the same collectives in the same order, header(s), payload(s), header(s + 1), ...:
-    the runtime commits (starts the exchange of) step s + 1 only once step s is published (``_ready_to_commit``),
-    and publishing s takes its merged update, which only exists once payload(s) was issued; payload(s) needs
-    header(s) arrived, so it comes after header(s). So one exchange at most is in flight per rank, and polling
-    ``done()`` at different moments on different ranks moves payload(s) in time, never past header(s + 1) or
-    another exchange. No other collective can slip in between: replica checks (``replicas.py``) and the trainer's
-    checkpoints run after ``settle`` (every started exchange published, nothing in flight), and the setup's
-    broadcasts run before training.
+    :meth:`start_exchange` queues (step, update) and returns at once. A progress thread, one per transport, owns
+    every collective of the exchanges and runs them one exchange after the other in step order: the header
+    all_gather, then, sized from it, the indices and statistics, then the gradient rows by the chosen exchange,
+    then the merge; it marks the handle done. See the module docstring for why a thread and why step order.
 
     Args:
         template: per parameter name, a tensor [N, ...] giving the gradient rows' trailing shape, dtype and
             device (every name must share one dtype).
-        timeout: the longest a handle's ``wait`` waits for the row counts (the header), within its own timeout.
+        timeout: the longest the progress thread waits for any one collective of an exchange; past it the
+            exchange (and every later one) fails with a ``TimeoutError`` naming the step and the part.
         group: the process group (default: the world).
         stats_schema: per statistic name, its dtype (the render adapter's ``stats_schema``); None if the tasks
             carry no statistics.
+        choice: "auto" (per step, the fewest predicted bytes) or a forced "sparse", "union", "dense".
     """
 
     def __init__(
@@ -369,15 +467,34 @@ class DistributedTransport:
         timeout: float = 60.0,
         group: Any = None,
         stats_schema: dict[str, torch.dtype] | None = None,
+        choice: ExchangeChoice = "auto",
     ) -> None:
         dtypes = {ref.dtype for ref in template.values()}
         if len(dtypes) != 1:
             raise ValueError(f"all gradients must share one dtype to be packed, got {dtypes}")
+        if choice not in ("auto", *CHOICES):
+            raise ValueError(f"unknown exchange {choice!r}; choose one of auto, {', '.join(CHOICES)} (--exchange)")
         self.template = template
         self.timeout = timeout
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.stats_layout = StatsLayout.of(stats_schema)
+        self.choice = choice
+        self.shape = _Shape(
+            self.world_size,
+            sum(math.prod(ref.shape[1:]) for ref in template.values()),
+            dtypes.pop().itemsize,
+            self.stats_layout,
+        )
+        self.condition = threading.Condition()
+        self._queue: queue.SimpleQueue[DistributedHandle | None] = queue.SimpleQueue()
+        self._in_flight: list[DistributedHandle] = []
+        self._last_step: int | None = None
+        self._error: BaseException | None = None
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._polled = dist.get_backend(group) != "gloo"
+        _TRANSPORTS.add(self)
 
     @property
     def device(self) -> torch.device:
@@ -385,30 +502,242 @@ class DistributedTransport:
         return next(iter(self.template.values())).device
 
     def start_exchange(self, step: int, local_update: SparseUpdate) -> DistributedHandle:
-        """Issue the async all_gather of the header (row count, statistics entries, tasks with statistics) and
-        return at once; the handle issues the payload when the header has arrived."""
-        header = torch.tensor(_sizes_of(local_update), dtype=torch.int64, device=self.device)
-        headers = [torch.zeros_like(header) for _ in range(self.world_size)]
-        work = dist.all_gather(headers, header, group=self.group, async_op=True)
-        return DistributedHandle(self, step, local_update, headers, work)
+        """Queue this rank's update of ``step`` for the progress thread and return at once (never blocks).
 
-    def send_payload(self, local_update: SparseUpdate, sizes: list[_Sizes]) -> _Payload:
-        """Issue the payload all_gathers, each padded to the longest of any rank: indices (rows, statistics' rows,
-        tasks' entry counts), gradient rows, and the statistics' values when any rank has some."""
-        longest = _longest(sizes)
-        layout = self.stats_layout
-        if local_update.stats and not layout.index_names + layout.value_names:
+        Raises:
+            ValueError: ``step`` is not after the last started step (exchanges start in step order).
+        """
+        if local_update.stats and not self.stats_layout.index_names + self.stats_layout.value_names:
             raise ValueError("the tasks carry statistics but the transport has no stats_schema")
-        indices, indices_work = self._all_gather(_pack_indices(local_update, layout, longest, self.device))
-        packed, packed_work = self._all_gather(_padded(_pack(local_update, self.template), longest.rows))
-        works = [indices_work, packed_work]
-        values = None
-        if longest.entries and layout.value_names:
-            values, values_work = self._all_gather(_pack_stat_values(local_update, layout, longest, self.device))
-            works.append(values_work)
-        return _Payload(sizes, works, indices, packed, values)
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"exchange of step {step} started after step {self._last_step}: start them in step order")
+        self._last_step = step
+        handle = DistributedHandle(self, step, local_update)
+        with self.condition:
+            if self._error is not None or self._closed.is_set():
+                handle.error = self._error or RuntimeError(f"{handle.what('row counts')}: the transport is closed")
+                return handle
+            self._in_flight.append(handle)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._progress, name="odin-exchange", daemon=True)
+            self._thread.start()
+        self._queue.put(handle)
+        return handle
 
-    def _all_gather(self, tensor: Tensor) -> tuple[list[Tensor], Any]:
-        """Start an async all_gather of ``tensor`` (one shape on every rank); returns the outputs and the work."""
+    def in_flight(self) -> list[int]:
+        """The steps started and not yet merged (or failed)."""
+        with self.condition:
+            return [handle.step for handle in self._in_flight]
+
+    def close(self) -> None:
+        """Stop the progress thread (exchanges in flight fail, naming the closed transport); idempotent."""
+        self._closed.set()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=10 * _SLICE_S + 5.0)
+        _TRANSPORTS.discard(self)
+
+    def _progress(self) -> None:
+        """The progress thread: every exchange in step order until closed or a collective fails (then that error
+        is every later exchange's: the ranks' collective order is lost)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while (handle := self._queue.get()) is not None:
+            try:
+                merged, spent = self._exchange(handle)
+            except _Closed:
+                error: BaseException = RuntimeError(f"{handle.what(handle.part)}: the transport was closed")
+            except BaseException as failure:  # noqa: BLE001 - every failure must reach the waiting handles
+                error = failure
+            else:
+                with self.condition:
+                    handle.merged, handle.bytes, handle.local_update = merged, spent, None
+                    self._in_flight.remove(handle)
+                    self.condition.notify_all()
+                continue
+            with self.condition:
+                self._error = error
+                for failed in self._in_flight:
+                    failed.error = error
+                self._in_flight.clear()
+                self.condition.notify_all()
+            return
+
+    def _exchange(self, handle: DistributedHandle) -> tuple[SparseUpdate, ExchangeBytes]:
+        """One exchange, from the header to the merge (in the progress thread)."""
+        update, shape, layout = handle.local_update, self.shape, self.stats_layout
+        issued: list[tuple[str, int]] = []
+        header = torch.tensor(_sizes_of(update), dtype=torch.int64, device=self.device)
+        headers, work = self._all_gather(header, issued)
+        self._wait(work, handle, "row counts")
+        sizes = [_Sizes(*values) for values in torch.stack(headers).tolist()]
+        longest = _longest(sizes)
+        predicted = shape.predict(sizes, estimated_union(sizes))
+        choice = self.choice
+        if choice == "auto" and predicted["dense"] < min(predicted["sparse"], predicted["union"]):
+            choice = "dense"
+        # The int64 message: rows (unless dense), int statistics, tasks' entry counts; then the statistics' values.
+        lengths = dataclasses.replace(longest, rows=0) if choice == "dense" else longest
+        works, indices, values = [], None, None
+        if lengths.rows or lengths.tasks:
+            indices, work = self._all_gather(_pack_indices(update, layout, lengths, self.device), issued)
+            works.append(work)
+        if longest.entries and layout.value_names:
+            values, work = self._all_gather(_pack_stat_values(update, layout, longest, self.device), issued)
+            works.append(work)
+        for work in works:
+            self._wait(work, handle, "sparse rows")
+        stats = self._stats(sizes, lengths, indices, values)
+        union = None
+        if choice != "dense":
+            union = _union_rows(indices, sizes, self.device)
+            predicted = shape.predict(sizes, union.numel())
+            if choice == "auto":
+                choice = "union" if predicted["union"] < predicted["sparse"] else "sparse"
+        handle.part = "gradient rows"
+        packed = _pack(update, self.template)
+        if choice == "sparse":
+            merged = self._sparse(handle, sizes, longest, indices, packed, stats, issued)
+        elif choice == "union":
+            merged = self._union(handle, update.rows, union, packed, stats, issued)
+        else:
+            merged = self._dense(handle, update.rows, longest.span, packed, stats, issued)
+        counted = sum(shape.all_gather(n) if kind == "all_gather" else shape.all_reduce(n) for kind, n in issued)
+        spent = ExchangeBytes(choice, predicted, union is not None, counted, counted, tuple(issued))
+        return merged, spent
+
+    def _stats(
+        self, sizes: list[_Sizes], lengths: _Sizes, indices: list[Tensor] | None, values: list[Tensor] | None
+    ) -> tuple[dict[str, Tensor], ...]:
+        """Every rank's task statistics, rank after rank (then task order), from the gathered messages."""
+        layout = self.stats_layout
+        out = []
+        for rank, size in enumerate(sizes):
+            if size.tasks == 0:
+                continue
+            empty = indices[rank].new_empty((0, len(layout.value_names)), dtype=layout.value_dtype)
+            rank_values = empty if values is None else values[rank]
+            out.extend(_unpack_stats(indices[rank], rank_values, layout, size, lengths))
+        return tuple(out)
+
+    def _sparse(
+        self,
+        handle: DistributedHandle,
+        sizes: list[_Sizes],
+        longest: _Sizes,
+        indices: list[Tensor] | None,
+        packed: Tensor,
+        stats: tuple[dict[str, Tensor], ...],
+        issued: list[tuple[str, int]],
+    ) -> SparseUpdate:
+        """(a) All-gather every rank's gradient rows padded to the longest, summed in rank order (``sum_in_order``)."""
+        if longest.rows == 0:
+            return dataclasses.replace(_unpack(packed.new_empty(0, dtype=torch.int64), packed, self.template), stats=stats)
+        gathered, work = self._all_gather(_padded(packed, longest.rows), issued)
+        self._wait(work, handle, "gradient rows")
+        updates = [
+            _unpack(indices[rank][: size.rows], gathered[rank][: size.rows], self.template)
+            for rank, size in enumerate(sizes)
+        ]
+        return dataclasses.replace(sum_in_order(updates, self.template), stats=stats)
+
+    def _union(
+        self,
+        handle: DistributedHandle,
+        rows: Tensor,
+        union: Tensor,
+        packed: Tensor,
+        stats: tuple[dict[str, Tensor], ...],
+        issued: list[tuple[str, int]],
+    ) -> SparseUpdate:
+        """(b) Every rank scatters its rows into [|U|, D] zeros, then one all_reduce (sum) of that."""
+        total = packed.new_zeros((union.numel(), packed.shape[1]))
+        total[torch.searchsorted(union, rows)] = packed
+        if union.numel():
+            self._wait(self._all_reduce(total, issued), handle, "gradient rows")
+        return dataclasses.replace(_unpack(union, total, self.template), stats=stats)
+
+    def _dense(
+        self,
+        handle: DistributedHandle,
+        rows: Tensor,
+        span: int,
+        packed: Tensor,
+        stats: tuple[dict[str, Tensor], ...],
+        issued: list[tuple[str, int]],
+    ) -> SparseUpdate:
+        """(c) Every rank writes its rows into [N, D + 1] zeros, the last column 1 on its rows, then one
+        all_reduce (sum): U is where that column is positive (no rows travel), the gradients its first D."""
+        width = packed.shape[1]
+        total = packed.new_zeros((span, width + 1))
+        total[rows, :width] = packed
+        total[rows, width] = 1
+        if span:
+            self._wait(self._all_reduce(total, issued), handle, "gradient rows")
+        union = torch.nonzero(total[:, width] > 0).flatten()
+        return dataclasses.replace(_unpack(union, total[union, :width], self.template), stats=stats)
+
+    def _wait(self, work: Any, handle: DistributedHandle, part: str) -> None:
+        """Wait (in the progress thread) for a collective of ``handle``'s exchange, at most :attr:`timeout`, in
+        slices so that :meth:`close` ends the wait; a timeout raises ``TimeoutError`` naming the step and part."""
+        handle.part = part
+        deadline = time.monotonic() + self.timeout
+        if self._polled:
+            self._poll(work, handle, part, deadline)
+            return
+        while True:
+            if self._closed.is_set():
+                raise _Closed
+            left = deadline - time.monotonic()
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=max(min(left, _SLICE_S), _SHORTEST_WAIT_S)))
+                return
+            except RuntimeError as error:
+                if work.is_completed() or left <= _SLICE_S:
+                    if "timed out" in str(error).lower():
+                        raise TimeoutError(f"waited {self.timeout:.3g} s for {handle.what(part)}") from error
+                    raise RuntimeError(f"{handle.what(part)} failed: {error}") from error
+
+    def _poll(self, work: Any, handle: DistributedHandle, part: str, deadline: float) -> None:
+        """NCCL's wait with a timeout may abort the communicator when it expires: poll ``is_completed`` instead
+        (every :data:`_POLL_S`), then wait, which orders this thread's stream after the collective."""
+        while not work.is_completed():
+            if self._closed.is_set():
+                raise _Closed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {self.timeout:.3g} s for {handle.what(part)}")
+            time.sleep(_POLL_S)
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise RuntimeError(f"{handle.what(part)} failed: {error}") from error
+
+    def _all_gather(self, tensor: Tensor, issued: list[tuple[str, int]]) -> tuple[list[Tensor], Any]:
+        """Start an async all_gather of ``tensor`` (one shape on every rank), noted in ``issued``; returns the
+        outputs and the work."""
         outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        issued.append(("all_gather", tensor_bytes(tensor)))
         return outputs, dist.all_gather(outputs, tensor, group=self.group, async_op=True)
+
+    def _all_reduce(self, tensor: Tensor, issued: list[tuple[str, int]]) -> Any:
+        """Start an async all_reduce (sum) of ``tensor`` in place, noted in ``issued``; returns the work."""
+        issued.append(("all_reduce", tensor_bytes(tensor)))
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+
+def _union_rows(indices: list[Tensor] | None, sizes: list[_Sizes], device: torch.device) -> Tensor:
+    """U, the sorted union of every rank's rows, from the gathered int64 messages."""
+    if indices is None:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    return union_sorted([indices[rank][: size.rows] for rank, size in enumerate(sizes)], device)
+
+
+def _longest(sizes: Sequence[_Sizes]) -> _Sizes:
+    """The largest rows, entries, tasks and span of any rank (the padded lengths of the messages)."""
+    return _Sizes(*(max(getattr(s, f.name) for s in sizes) for f in dataclasses.fields(_Sizes)))
+
+
+_POLL_S = 0.0005
+"""How often the progress thread polls a collective that is not gloo's."""
+_SHORTEST_WAIT_S = 0.001
+"""A collective's wait takes milliseconds and 0 ms means "no timeout": a spent deadline still waits 1 ms."""

@@ -31,6 +31,7 @@ from nerfstudio.scripts import train as ns_train
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.liveness import SILENCE_S, Heartbeat
+from odin_nerfstudio.comm.transport import close_transports
 from odin_nerfstudio.ns.options import OptionError, check_options
 from odin_nerfstudio.ns.signals import exit_on_sigterm
 from odin_nerfstudio.ns.trainer import require_cuda_if_asked
@@ -85,6 +86,7 @@ def main(config: TrainerConfig) -> None:
         trainer.train()
     except BaseException as error:
         _end_job(error, rank, heartbeat)
+    close_transports()  # the exchanges' progress thread, like the heartbeat, must not outlive the process group
     heartbeat.stop()
     dist.destroy_process_group()
 

@@ -15,6 +15,8 @@ import time
 import torch.distributed as dist
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.comm.transport import require_no_exchange_in_flight
+
 
 def wait_for_rank0(what: str, step: int, timeout_s: float) -> float:
     """Every rank waits here until rank 0 has done ``what`` of ``step``; returns the seconds waited.
@@ -25,6 +27,7 @@ def wait_for_rank0(what: str, step: int, timeout_s: float) -> float:
     Raises:
         TimeoutError: the barrier was not reached by every rank within ``timeout_s``; names ``what`` and ``step``.
     """
+    require_no_exchange_in_flight(f"the barrier after rank 0's {what} of step {step}")
     start = time.monotonic()
     try:
         if dist.get_backend() == "gloo":

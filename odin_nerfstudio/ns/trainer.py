@@ -45,6 +45,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.link import InterconnectName
+from odin_nerfstudio.comm.transport import ExchangeChoice
 from odin_nerfstudio.core.timeline_metrics import TimelineMeter, live_scalars
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
@@ -94,6 +95,10 @@ class OdinTrainerConfig(TrainerConfig):
     """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
     delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
     communication free. none: the real transport only."""
+    exchange: ExchangeChoice = "auto"
+    """Distributed: how a step's gradient rows travel (`odin_nerfstudio.comm.transport`): auto (per step, the fewest
+    predicted bytes), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
+    them) or dense (all_reduce of every row)."""
 
 
 def require_cuda_if_asked(device_type: str) -> None:
@@ -197,7 +202,7 @@ class OdinTrainer(Trainer):
         if self.world_size == 1:
             return None if link is None else linked_virtual(VirtualTransport(len(self.local_workers), params), link)
         timeout = self.config.runtime.wait_timeout_s
-        transport = DistributedTransport(params, timeout=timeout, stats_schema=STATS_SCHEMA)
+        transport = DistributedTransport(params, timeout=timeout, stats_schema=STATS_SCHEMA, choice=self.config.exchange)
         return [transport if link is None else linked_distributed(transport, link)]
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:

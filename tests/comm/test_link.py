@@ -145,6 +145,8 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
             lines.append(f"{early[0]} {early[1]} {end.clock() >= handle.delivery_s()} {handle.done()}")
             expected = sum_in_order([local_update(step, w) for w in range(2)], template())
             assert_same(merged, expected)
+            spent = handle.bytes  # the real exchange's bytes, through the link's handle
+            assert spent.sent == spent.predicted[spent.choice] > 0, spent
         (Path(out_dir) / f"rank{rank}.txt").write_text("\n".join(lines))
         dist.barrier()
     except BaseException:
