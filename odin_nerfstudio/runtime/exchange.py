@@ -53,11 +53,16 @@ class ExchangeBook:
         plan = self._plans.get(step)
         return plan is not None and not any(plan)
 
-    def ready(self, slot: RingSlot, worker: int, published_through: int) -> bool:
-        """Whether ``worker``'s part of the slot's step can be committed: not sent yet, every earlier step
-        published and every task of the worker staged."""
-        if worker in self._handles.get(slot.step, {}) or published_through < slot.step - 1:
+    def ready(self, slot: RingSlot, worker: int, published_through: int, after_published: bool = True) -> bool:
+        """Whether ``worker``'s part of the slot's step can be committed: not sent yet, every task of the worker
+        staged and, when its reads are validated first (``after_published``), every earlier step published; a
+        mode that does not validate (ddp, hogwild) commits at once, its exchanges in flight side by side."""
+        if worker in self._handles.get(slot.step, {}):
             return False
+        if after_published and published_through < slot.step - 1:
+            return False
+        if any(step < slot.step and len(handles) < self.num_workers for step, handles in self._handles.items()):
+            return False  # exchanges start in step order on every worker
         staged = sum(1 for key in slot.staged if key[1] == worker)
         return staged == self.tasks_of(slot.step, worker)
 

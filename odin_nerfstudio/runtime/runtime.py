@@ -226,10 +226,10 @@ class OdinRuntime:
             if self.exchange.no_local_task(step) and self.shadow.slot(step) is None:
                 self.shadow.open(step)  # no read opens it, yet this runtime still sends its (empty) part
             for slot in self.shadow.open_slots():
-                if slot.step > self.published_through + 1:
+                if self.policy.validates and slot.step > self.published_through + 1:
                     break
                 for worker in range(self.exchange.num_workers):
-                    if self.exchange.ready(slot, worker, self.published_through):
+                    if self.exchange.ready(slot, worker, self.published_through, self.policy.validates):
                         self._commit(slot.step, worker)
                         changed = True
             if self.exchange.complete(self.published_through + 1):

@@ -67,8 +67,9 @@ class SimulationConfig:
         payload_on_poll: the exchange is two-phase, as ``comm/transport.DistributedTransport``'s: the header
             all_gather starts at the commit, the payload only at each process's first poll of the step (a
             ``progress`` call, or a block on it) after every header arrived, so a process busy rendering delays
-            everyone's delivery until its task ends. Default: on for one process per worker (torch.distributed),
-            off for virtual workers (the in-process transport).
+            everyone's delivery until its task ends: the transport before its progress thread. Default off:
+            ``DistributedTransport``'s thread issues the payload as soon as the headers arrived; on replays runs
+            made before it.
         seed: the schedule's seed.
         row_bytes: bytes per active row of an exchanged update.
     """
@@ -78,7 +79,7 @@ class SimulationConfig:
     views_per_worker: int = 1
     steps: int = 120
     workers_per_process: int = 1
-    follow_overlap_window: bool = True
+    follow_overlap_window: bool = False
     remote_writes: Literal["drawn", "candidates"] = "drawn"
     exchanges_in_flight: int = 1
     payload_on_poll: bool | None = None
@@ -88,9 +89,7 @@ class SimulationConfig:
     @property
     def two_phase(self) -> bool:
         """Whether the payload waits for every process's poll (``payload_on_poll``, defaulted)."""
-        if self.payload_on_poll is not None:
-            return self.payload_on_poll
-        return self.workers_per_process < self.num_workers
+        return bool(self.payload_on_poll)
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:

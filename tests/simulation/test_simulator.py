@@ -59,9 +59,10 @@ def test_barrier_with_free_exchange_is_the_sum_of_the_slowest_worker_per_step() 
 
 
 def test_quality_is_faster_than_barrier_without_conflicts() -> None:
+    """One epoch of views that share no row (a later epoch renders the same views again, which conflicts)."""
     workload = disjoint_views()
-    _, barrier = run(workload, "barrier")
-    _, quality = run(workload, "quality")
+    _, barrier = run(workload, "barrier", steps=4)
+    _, quality = run(workload, "quality", steps=4)
     assert quality.conflicts == 0
     assert quality.views == barrier.views
     assert quality.views_per_s > barrier.views_per_s
