@@ -142,7 +142,8 @@ def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor
         order (as ``sum_in_order``).
     """
     device = next(iter(template.values())).device
-    if not updates or not compiled(device) or any(t.dtype != torch.float32 for t in template.values()):
+    # One update is its own sum (the reference returns it as is): no copy, no op call.
+    if len(updates) <= 1 or not compiled(device) or any(t.dtype != torch.float32 for t in template.values()):
         return _torch_impl.scatter_in_order(updates, template)
     sizes = [0] + [u.rows.numel() for u in updates]
     rows, sums = torch.ops.odin.scatter_in_order(
