@@ -60,6 +60,7 @@ class CullingIndex:
 
     def any_meets(self, task: Task, rows: Tensor) -> bool:
         """Whether any of ``rows`` (sorted int64 [R]) now lies in the region of ``task``'s candidate set."""
+        # a host synchronization on CUDA, needed: validation decides on it (re-run or not) on the host
         return bool(self.bounds().meets(self.region(task), rows).any())
 
     def update(self, rows: Tensor, means: Tensor, scales: Tensor) -> None:
