@@ -746,6 +746,8 @@ def report(
         "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included):",
         "",
         backend_table(backend_rows(scene, headline, fern)),
+        "",
+        *backend_findings(headline),
     ]
     if fern:
         model = fern[0].runtime
@@ -764,6 +766,25 @@ def report(
         lines += ["", "Sweep (both modes per row; one thing changed from the headline run, same N):", ""]
         lines.append(sweep_table(runs))
     return "\n".join(lines)
+
+
+def backend_findings(headline: list[ModeResult]) -> list[str]:
+    """What the backends share: the bookkeeping outside the four ops, read from the compiled quality run."""
+    compiled = [r for r in headline if r.backend == "compiled" and r.mode == "quality"]
+    if not compiled:
+        return []
+    counters = compiled[0].runtime.counters
+    tasks = max(counters.tasks, 1)
+    return [
+        (
+            "- The backends differ only in the four ops (cull + RAW check, gather, a worker's staged sum, selective "
+            "Adam with the version bump); the rest of the bookkeeping is the same code: staging A(t) and its gradient "
+            "rows, validation, the culling index's refresh after a publication, the metering, and the in-process "
+            f"merge of the W workers' parts ({counters.comm_ns / 1e6 / tasks:.1f} ms per task in the compiled quality "
+            "run: `comm/transport.py`'s `sum_in_order`, not a kernel op, since `comm/` sits beside `kernels/` in the "
+            "layers). That shared part bounds how far the compiled backend's ratio can fall."
+        )
+    ]
 
 
 def backend_rows(
