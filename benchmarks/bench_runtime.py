@@ -241,7 +241,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ahead", type=int, default=4, help="turns the last worker takes first (runs ahead)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
-        "--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="bookkeeping backends, headline run"
+        "--backends",
+        nargs="+",
+        default=None,
+        choices=BACKENDS,
+        help="bookkeeping backends of the headline run (default: both, or the reference where the ops are not built)",
     )
     parser.add_argument("--fern", type=Path, default=SHARED_DATA / "fern", help="the fern COLMAP scene")
     parser.add_argument("--fern-steps", type=int, default=20, help="odin-splat schedule steps on fern (0: skip)")
@@ -252,6 +256,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.gaussians, args.length, args.steps, args.no_write = 20_000, 60.0, 3, True
         args.sweep_lengths, args.sweep_sizes, args.sweep_unordered, args.fern_steps = [], [], False, 0
+    if args.backends is None:
+        args.backends = list(BACKENDS) if ops.compiled(args.device) else ["reference"]
     if "compiled" in args.backends and not ops.compiled(args.device):
         parser.error(f"--backends compiled: the compiled odin ops for {args.device} are not built (see the warnings)")
     if args.fern_steps and not (args.fern / "sparse" / "0").is_dir():
@@ -717,10 +723,12 @@ def report(
     model = results[0].runtime.memory_report()["model_bytes"]
     tables = 3 * tensor_bytes(results[0].runtime.tables.seq)
     headline = [r for r in results if not r.escapes]
-    same = all(identical(run.quality.runtime, run.barrier.runtime) for run in runs[1:])
-    same = same and all(identical(headline[0].runtime, r.runtime) for r in headline[1:])
     fern = fern or []
-    same = same and all(identical(fern[0].runtime, r.runtime) for r in fern[1:])
+    pairs = [(run.quality, run.barrier) for run in runs[1:]] + list(zip(headline[::2], headline[1::2]))
+    pairs += list(zip(fern[::2], fern[1::2]))
+    same = all(identical(quality.runtime, barrier.runtime) for quality, barrier in pairs)
+    backends_same = all(identical(headline[0].runtime, r.runtime) for r in headline[2::2])
+    backends_same = backends_same and all(identical(fern[0].runtime, r.runtime) for r in fern[2::2])
     lines = [
         "## bench_runtime: bookkeeping share and Shadow Graph memory on a sparse street",
         "",
@@ -733,8 +741,9 @@ def report(
             f"{mib(model)} of parameters, {mib(3 * model)} with Adam's moments), {len(scene.cameras)} side-looking "
             f"rig views at {scene.variant.width}x{scene.variant.height}, Odin's schedule (RLG); W = {args.workers}, "
             f"B = {args.views_per_worker}, K = 4 virtual workers on {args.device}, the last one {args.ahead} turns "
-            f"ahead, then round-robin. Quality-first ended bit-identical to barrier in every run, with either "
-            f"backend ({', '.join(args.backends)}): {'yes' if same else 'NO'}. Not in the shadow peak: the runtime's per-primitive tables (3 x int64 [N], "
+            f"ahead, then round-robin. Quality-first ended bit-identical to barrier in every run: "
+            f"{'yes' if same else 'NO'}; every backend ({', '.join(args.backends)}) ended bit-identical to the "
+            f"first: {'yes' if backends_same else 'NO'}. Not in the shadow peak: the runtime's per-primitive tables (3 x int64 [N], "
             f"{mib(tables)} = {tables / model:.1%} of the parameters, fixed) and the transport's copies of a step's "
             "update."
         ),
