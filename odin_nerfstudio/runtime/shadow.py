@@ -114,6 +114,7 @@ class ShadowGraph:
         self.device = torch.device(device)
         self.slots: list[RingSlot | None] = [None] * ring_slots
         self.memory = MemoryMeter()
+        ops.compiled(self.device)  # load the kernel library now (seconds), not inside the first hook's clock
 
     def slot(self, step: int) -> RingSlot | None:
         """The slot holding ``step``, or None if it does not hold it."""
