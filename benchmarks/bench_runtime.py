@@ -28,6 +28,15 @@ workers' work (it shows the runtime's overhead and re-runs, not Odin's overlap g
 all W workers' in-flight gathers. A sweep repeats both modes with one thing changed: a shorter street with the
 same Gaussians (each view reads a larger share of the model) and larger images (a costlier render per task).
 
+Backends. Every headline mode runs once per bookkeeping backend (``--backends``): ``compiled``, the C++ ops of
+``cuda/csrc`` (``odin_nerfstudio.kernels.ops``, the runtime's default when built) and ``reference``, their pure-torch
+reference (``ops.use_reference()``), on the same scene in the same process; the sweep runs the first backend
+only. Both must end bit-identical. A second table reads bookkeeping per task per backend side by side, on the
+street and on fern (``--fern``: the shared COLMAP scene trained by odin-splat with its defaults, ``--fern-steps``
+schedule steps of its W virtual workers, escape checks and densification as configured; 0 skips it). Targets:
+the compiled backend's bookkeeping at most half the reference's on the street, and at most 3% of render +
+backward on fern.
+
 Usage: ``python benchmarks/bench_runtime.py [--device cuda] [--quick]``; ``--quick`` runs a small scene for a
 few steps (seconds; for tests and GPU checks) and never writes BENCHMARKS.md. Otherwise the figures replace the
 section between ``<!-- bench_runtime:start -->`` and ``<!-- bench_runtime:end -->``.
@@ -66,9 +75,14 @@ from odin_nerfstudio.scenes.synth import GaussianWorld, intrinsics, street_rig_c
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.comm.transport import VirtualTransport
 from odin_nerfstudio.drivers.virtual import VirtualRunReport, run_virtual
+from odin_nerfstudio.kernels import ops
 
 NAME = "bench_runtime"
 TARGET_BOOKKEEPING, TARGET_MEMORY = 0.03, 0.10
+TARGET_COMPILED_OVER_REFERENCE = 0.5
+"""The compiled backend's bookkeeping per task over the reference's, on the street (at most)."""
+BACKENDS = ("compiled", "reference")
+SHARED_DATA = Path(os.environ.get("ODIN_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SH_C0 = 0.28209479177387814
 SH_DEGREE = 3
 POINT_STRIDE = 16
@@ -151,11 +165,12 @@ class ModeResult:
     runtime: OdinRuntime
     report: VirtualRunReport
     sizes: TaskSizes
+    backend: str = "compiled"
 
     @property
     def label(self) -> str:
-        """The mode, and whether tasks were validated for escapes."""
-        return f"{self.mode} + escape check" if self.escapes else self.mode
+        """The mode, whether tasks were validated for escapes, and the bookkeeping backend."""
+        return (f"{self.mode} + escape check" if self.escapes else self.mode) + f" ({self.backend})"
 
     @property
     def steps(self) -> int:
@@ -225,13 +240,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--views-per-worker", type=int, default=1, help="B, views per worker per step")
     parser.add_argument("--ahead", type=int, default=4, help="turns the last worker takes first (runs ahead)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        choices=BACKENDS,
+        help="bookkeeping backends of the headline run (default: both, or the reference where the ops are not built)",
+    )
+    parser.add_argument("--fern", type=Path, default=SHARED_DATA / "fern", help="the fern COLMAP scene")
+    parser.add_argument("--fern-steps", type=int, default=20, help="odin-splat schedule steps on fern (0: skip)")
     parser.add_argument("--seed", type=int, default=0, help="world, perturbation and schedule seed")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     if args.quick:
         args.gaussians, args.length, args.steps, args.no_write = 20_000, 60.0, 3, True
-        args.sweep_lengths, args.sweep_sizes, args.sweep_unordered = [], [], False
+        args.sweep_lengths, args.sweep_sizes, args.sweep_unordered, args.fern_steps = [], [], False, 0
+    if args.backends is None:
+        args.backends = list(BACKENDS) if ops.compiled(args.device) else ["reference"]
+    if "compiled" in args.backends and not ops.compiled(args.device):
+        parser.error(f"--backends compiled: the compiled odin ops for {args.device} are not built (see the warnings)")
+    if args.fern_steps and not (args.fern / "sparse" / "0").is_dir():
+        parser.error(f"--fern {args.fern}: no COLMAP model at sparse/0 (set ODIN_SHARED_DATA, or --fern-steps 0)")
     return args
 
 
@@ -388,12 +418,21 @@ def drawable(task: Task) -> CullRegion:
     return CullRegion.drawable(task.camera)
 
 
-def run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = False) -> ModeResult:
-    """Train a fresh copy of the start on W virtual workers in ``mode``; time the whole run.
+def run_mode(
+    scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = False, backend: str = "compiled"
+) -> ModeResult:
+    """Train a fresh copy of the start on W virtual workers in ``mode`` with the bookkeeping ``backend``; time the
+    whole run.
 
     With ``escapes``, validation also projects the rows of the task's drawable region outside C(t) to check
     that no active row escaped C(t), as ``OdinSplatModel`` does by default.
     """
+    with ops.use_reference(backend == "reference"):
+        return _run_mode(scene, mode, args, escapes, backend)
+
+
+def _run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool, backend: str) -> ModeResult:
+    """:func:`run_mode` with the backend chosen."""
     params = {name: torch.nn.Parameter(value.clone()) for name, value in scene.start.items()}
     config = OdinRuntimeConfig(mode=mode, spatial_order=scene.variant.spatial_order)
     transport = VirtualTransport(args.workers, params)
@@ -412,7 +451,37 @@ def run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool = 
     start = time.perf_counter()
     report = run_virtual(runtime, scene.schedule, [args.workers - 1] * args.ahead)
     synchronize(device)
-    return ModeResult(mode, escapes, time.perf_counter() - start, runtime, report, sizes)
+    return ModeResult(mode, escapes, time.perf_counter() - start, runtime, report, sizes, backend)
+
+
+@dataclass(frozen=True)
+class FernResult:
+    """One odin-splat run on fern: its mode, backend, wall time and runtime (counters, timeline, final state)."""
+
+    mode: str
+    backend: str
+    wall_s: float
+    runtime: OdinRuntime
+
+
+def run_fern(args: argparse.Namespace, mode: str, backend: str) -> FernResult:
+    """Train odin-splat (its defaults: W, B, resolution schedule, escape checks, densification) on ``args.fern``
+    for ``args.fern_steps`` schedule steps on virtual workers in ``mode`` with the bookkeeping ``backend``."""
+    import copy
+    import dataclasses
+
+    from odin_nerfstudio.method_configs.odin_splat import odin_splat
+    from odin_nerfstudio.ns.splat_runtime import splat_learning_rates, train_virtual
+
+    config = copy.deepcopy(odin_splat.config)
+    config.pipeline.datamanager.data = args.fern
+    runtime_config = dataclasses.replace(config.runtime, mode=mode)
+    lrs = splat_learning_rates(config.optimizers)
+    with ops.use_reference(backend == "reference"):
+        start = time.perf_counter()
+        _, runtime = train_virtual(config.pipeline, runtime_config, args.fern_steps, lrs, device=args.device)
+        synchronize(torch.device(args.device))
+    return FernResult(mode, backend, time.perf_counter() - start, runtime)
 
 
 def culling_ms(scene: Scene, repeats: int = 8) -> float:
@@ -598,8 +667,9 @@ def findings(run: StreetRun) -> list[str]:
             "GPU holds one gather and its own staged tasks against its own replica."
         ),
     ]
-    if len(run.results) > 2:
-        extra = (run.results[2].bookkeeping_ns - quality.bookkeeping_ns) / 1e6 / tasks
+    escapes = [r for r in run.results if r.escapes]
+    if escapes:
+        extra = (escapes[0].bookkeeping_ns - quality.bookkeeping_ns) / 1e6 / tasks
         lines.append(
             f"- The escape check (OdinSplatModel's default) adds about {extra:.1f} ms per task: it projects the rows "
             "outside C(t) whose bounding sphere meets the task's drawable region (found with the culling index)."
@@ -607,12 +677,58 @@ def findings(run: StreetRun) -> list[str]:
     return lines
 
 
-def report(args: argparse.Namespace, command: str, runs: list[StreetRun]) -> str:
+def hook_ms(runtime: OdinRuntime) -> dict[str, float]:
+    """Milliseconds per rendered task: bookkeeping (hooks + in-process merge), of it publication, and render +
+    backward."""
+    counters, tasks = runtime.counters, max(runtime.counters.tasks, 1)
+    return {
+        "bookkeeping": (counters.bookkeeping_ns + counters.comm_ns) / 1e6 / tasks,
+        "publish": runtime.timeline.total_ns("publish") / 1e6 / tasks,
+        "render": (counters.render_ns + counters.backward_ns) / 1e6 / tasks,
+    }
+
+
+def backend_table(rows: list[tuple[str, str, dict[str, OdinRuntime]]]) -> str:
+    """Bookkeeping per task, reference and compiled side by side, per (scene, mode): the ratio and the compiled
+    backend's bookkeeping over render + backward."""
+    lines = [
+        (
+            "| scene | mode | tasks | render + backward per task | bookkeeping per task, reference / compiled "
+            "| of it publication, reference / compiled | compiled / reference (street: target <= 50%) "
+            "| compiled bookkeeping / (render + backward) (fern: target <= 3%) |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for scene, mode, runtimes in rows:
+        figures = {backend: hook_ms(runtime) for backend, runtime in runtimes.items()}
+        reference, compiled = figures.get("reference"), figures.get("compiled")
+        main = compiled or reference
+        ratio = f"{compiled['bookkeeping'] / reference['bookkeeping']:.0%}" if compiled and reference else "-"
+        share = f"{compiled['bookkeeping'] / compiled['render']:.2%}" if compiled else "-"
+        pairs = [
+            " / ".join(f"{figures[b][key]:.2f} ms" if b in figures else "-" for b in BACKENDS[::-1])
+            for key in ("bookkeeping", "publish")
+        ]
+        tasks = next(iter(runtimes.values())).counters.tasks
+        cells = [scene, mode, str(tasks), f"{main['render']:.1f} ms", *pairs, ratio, share]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(
+    args: argparse.Namespace, command: str, runs: list[StreetRun], fern: list[FernResult] | None = None
+) -> str:
     """The markdown section (without markers): the headline run per mode, its reading, then the sweep."""
     scene, results = runs[0].scene, runs[0].results
     model = results[0].runtime.memory_report()["model_bytes"]
-    tables = 3 * tensor_bytes(results[0].runtime.tables.versions)
-    same = all(identical(run.quality.runtime, run.barrier.runtime) for run in runs)
+    tables = 3 * tensor_bytes(results[0].runtime.tables.seq)
+    headline = [r for r in results if not r.escapes]
+    fern = fern or []
+    pairs = [(run.quality, run.barrier) for run in runs[1:]] + list(zip(headline[::2], headline[1::2]))
+    pairs += list(zip(fern[::2], fern[1::2]))
+    same = all(identical(quality.runtime, barrier.runtime) for quality, barrier in pairs)
+    backends_same = all(identical(headline[0].runtime, r.runtime) for r in headline[2::2])
+    backends_same = backends_same and all(identical(fern[0].runtime, r.runtime) for r in fern[2::2])
     lines = [
         "## bench_runtime: bookkeeping share and Shadow Graph memory on a sparse street",
         "",
@@ -626,7 +742,8 @@ def report(args: argparse.Namespace, command: str, runs: list[StreetRun]) -> str
             f"rig views at {scene.variant.width}x{scene.variant.height}, Odin's schedule (RLG); W = {args.workers}, "
             f"B = {args.views_per_worker}, K = 4 virtual workers on {args.device}, the last one {args.ahead} turns "
             f"ahead, then round-robin. Quality-first ended bit-identical to barrier in every run: "
-            f"{'yes' if same else 'NO'}. Not in the shadow peak: the runtime's per-primitive tables (3 x int64 [N], "
+            f"{'yes' if same else 'NO'}; every backend ({', '.join(args.backends)}) ended bit-identical to the "
+            f"first: {'yes' if backends_same else 'NO'}. Not in the shadow peak: the runtime's per-primitive tables (3 x int64 [N], "
             f"{mib(tables)} = {tables / model:.1%} of the parameters, fixed) and the transport's copies of a step's "
             "update."
         ),
@@ -634,11 +751,59 @@ def report(args: argparse.Namespace, command: str, runs: list[StreetRun]) -> str
         mode_table(scene, results),
         "",
         *findings(runs[0]),
+        "",
+        "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included):",
+        "",
+        backend_table(backend_rows(scene, headline, fern)),
+        "",
+        *backend_findings(headline),
     ]
+    if fern:
+        model = fern[0].runtime
+        lines += [
+            "",
+            (
+                f"Fern: odin-splat's defaults (W = {model.topology.num_workers}, B = "
+                f"{model.topology.views_per_worker}, K = {model.config.ring_slots}, resolution schedule, escape "
+                f"checks), {len(fern) // 2 if len(fern) > 1 else 1} x {args.fern_steps} schedule steps from "
+                f"{fern[0].runtime.num_primitives:,} Gaussians at the end; wall per run "
+                + ", ".join(f"{r.mode} ({r.backend}) {r.wall_s:.0f} s" for r in fern)
+                + "."
+            ),
+        ]
     if len(runs) > 1:
         lines += ["", "Sweep (both modes per row; one thing changed from the headline run, same N):", ""]
         lines.append(sweep_table(runs))
     return "\n".join(lines)
+
+
+def backend_findings(headline: list[ModeResult]) -> list[str]:
+    """What the backends share: the bookkeeping outside the four ops, read from the compiled quality run."""
+    compiled = [r for r in headline if r.backend == "compiled" and r.mode == "quality"]
+    if not compiled:
+        return []
+    counters = compiled[0].runtime.counters
+    tasks = max(counters.tasks, 1)
+    return [
+        (
+            "- The backends differ only in the four ops (cull + RAW check, gather, a worker's staged sum, selective "
+            "Adam with the version bump); the rest of the bookkeeping is the same code: staging A(t) and its gradient "
+            "rows, validation, the culling index's refresh after a publication, the metering, and the in-process "
+            f"merge of the W workers' parts ({counters.comm_ns / 1e6 / tasks:.1f} ms per task in the compiled quality "
+            "run: `comm/transport.py`'s `sum_in_order`, not a kernel op, since `comm/` sits beside `kernels/` in the "
+            "layers). That shared part bounds how far the compiled backend's ratio can fall."
+        )
+    ]
+
+
+def backend_rows(
+    scene: Scene, headline: list[ModeResult], fern: list[FernResult]
+) -> list[tuple[str, str, dict[str, OdinRuntime]]]:
+    """(scene, mode, backend -> runtime) for the backend table: the street's headline modes, then fern's."""
+    street = f"street {scene.variant.label}"
+    rows = [(street, mode, {r.backend: r.runtime for r in headline if r.mode == mode}) for mode in MODES]
+    rows += [("fern", mode, {r.backend: r.runtime for r in fern if r.mode == mode}) for mode in MODES]
+    return [row for row in rows if row[2]]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -649,11 +814,13 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for index, variant in enumerate(variants(args)):
         scene = make_scene(args, variant)
-        results = [run_mode(scene, mode, args) for mode in MODES]
+        backends = args.backends if index == 0 else args.backends[:1]
+        results = [run_mode(scene, mode, args, backend=backend) for backend in backends for mode in MODES]
         if index == 0:
-            results.append(run_mode(scene, "quality", args, escapes=True))
+            results.append(run_mode(scene, "quality", args, escapes=True, backend=args.backends[0]))
         runs.append(StreetRun(scene, results, culling_ms(scene)))
-    text = report(args, command, runs)
+    fern = [run_fern(args, mode, backend) for backend in args.backends for mode in MODES] if args.fern_steps else []
+    text = report(args, command, runs, fern)
     publish(NAME, text, None if args.no_write else args.output)
 
 

@@ -1,4 +1,4 @@
-"""Per-primitive tables of the runtime (versions, pending writes, last publication) and their index remap.
+"""Per-primitive tables of the runtime (sequence words and versions, pending writes, last publication), their remap.
 
 Rows are stable between structural changes; a structural change (densify, prune, opacity reset) produces an
 index map ``new row -> old row`` (-1 for a fresh row) and :func:`remap` carries every per-primitive table
@@ -21,7 +21,9 @@ class PrimitiveTables:
     """Bookkeeping per primitive; every field is an int64 tensor [N].
 
     Attributes:
-        versions: how many publications have written the row (advanced by every publish that touches it).
+        seq: the row's sequence word, twice its version (how many publications have written it), odd while a
+            publication writes the row: the seqlock word the kernels' gather and publish share
+            (``kernels/ops.py``). :attr:`versions` reads it as ``seq >> 1``.
         pending_step: the latest step that declared (candidate set read) or staged (active set) a write to the
             row that is not published yet, ``NO_STEP`` if none. A superset filter: the exact per-step write
             sets live in the staging ring.
@@ -29,7 +31,7 @@ class PrimitiveTables:
             since the row was created.
     """
 
-    versions: Tensor
+    seq: Tensor
     pending_step: Tensor
     published_step: Tensor
 
@@ -37,15 +39,24 @@ class PrimitiveTables:
     def create(cls, num_primitives: int, device: torch.device | str = "cpu") -> PrimitiveTables:
         """Fresh tables for ``num_primitives`` rows: version 0, nothing pending, nothing published."""
         return cls(
-            versions=torch.zeros(num_primitives, dtype=torch.int64, device=device),
+            seq=torch.zeros(num_primitives, dtype=torch.int64, device=device),
             pending_step=torch.full((num_primitives,), NO_STEP, dtype=torch.int64, device=device),
             published_step=torch.full((num_primitives,), NO_STEP, dtype=torch.int64, device=device),
         )
 
     @property
+    def versions(self) -> Tensor:
+        """How many publications have written each row, int64 [N] (``seq >> 1``; a fresh tensor)."""
+        return self.seq >> 1
+
+    @versions.setter
+    def versions(self, versions: Tensor) -> None:
+        self.seq = versions.to(torch.int64) * 2
+
+    @property
     def num_primitives(self) -> int:
         """Number of rows N."""
-        return self.versions.numel()
+        return self.seq.numel()
 
     def declare(self, rows: Tensor, step: int) -> None:
         """Record that ``step`` may write ``rows`` (int64 [M]) before its publication."""
@@ -53,13 +64,19 @@ class PrimitiveTables:
         self.pending_step.index_copy_(0, rows, torch.clamp(pending, min=step))
 
     def publish(self, rows: Tensor, declared: Tensor | Sequence[Tensor], step: int) -> None:
-        """Record the publication of ``step``: ``rows`` (int64 [M]) written, ``declared`` rows no longer pending.
+        """Record the publication of ``step``: ``rows`` (int64 [M]) written (their versions advanced), ``declared``
+        rows no longer pending (:meth:`settle`)."""
+        self.seq.index_add_(0, rows, torch.full_like(rows, 2))
+        self.settle(rows, declared, step)
+
+    def settle(self, rows: Tensor, declared: Tensor | Sequence[Tensor], step: int) -> None:
+        """The marks of ``step``'s publication, once its ``rows`` (int64 [M]) are written and their sequence words
+        advanced (the runtime's publication advances them with the rows, ``kernels.ops.publish_adam``).
 
         Publications run in step order, so every pending mark at or before ``step`` on the declared rows is
         cleared; marks of later steps stay. ``declared`` may be one row tensor or the candidate sets as the tasks
         declared them: clearing is idempotent, so they are cleared one by one, without forming their union.
         """
-        self.versions.index_copy_(0, rows, self.versions.index_select(0, rows) + 1)
         self.published_step.index_fill_(0, rows, step)
         for part in [declared] if isinstance(declared, Tensor) else declared:
             pending = self.pending_step.index_select(0, part)
@@ -70,7 +87,7 @@ class PrimitiveTables:
         return remap(self, index_map)
 
 
-_FRESH_VALUE = {"versions": 0, "pending_step": NO_STEP, "published_step": NO_STEP}
+_FRESH_VALUE = {"seq": 0, "pending_step": NO_STEP, "published_step": NO_STEP}
 
 
 def remap_rows(table: Tensor, index_map: Tensor, fresh_value: int | float) -> Tensor:
@@ -85,7 +102,7 @@ def remap(tables: PrimitiveTables, index_map: Tensor) -> PrimitiveTables:
     """Carry every per-primitive table through a structural change.
 
     A row kept, duplicated or split inherits its parent's entries (a child starts where its parent was); a
-    fresh row (-1) starts at version 0 with nothing pending or published. Structural changes run behind a
+    fresh row (-1) starts at version 0 (an even sequence word) with nothing pending or published. Structural changes run behind a
     drain barrier, so a pending write on any parent is a bug and raises.
 
     Args:

@@ -58,8 +58,8 @@ def gather_rows(
     leaves = {}
     for name, param in params.items():
         leaf = param.detach().index_select(0, rows)
-        leaf[locked] = 0.0
-        leaves[name] = leaf
+        # masked_fill_ with the mask broadcast over the row: no host synchronization (boolean indexing would)
+        leaves[name] = leaf.masked_fill_(locked.view(-1, *[1] * (leaf.dim() - 1)), 0.0)
     return leaves, words >> 1, locked
 
 

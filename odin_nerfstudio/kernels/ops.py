@@ -90,6 +90,7 @@ def cull_conflicts(
         empty = torch.empty(0, dtype=torch.int64, device=device)
         return empty, Conflicts(empty, empty, empty)
     blocks = bounds.index()
+    # bool masks are made rows here (a synchronization on CUDA); the runtime's write sets are rows already
     parts = [w.rows if w.rows.dtype != torch.bool else torch.nonzero(w.rows).flatten() for w in writes]
     sizes = [0] + [p.numel() for p in parts]
     write_rows = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
@@ -142,7 +143,8 @@ def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor
         order (as ``sum_in_order``).
     """
     device = next(iter(template.values())).device
-    if not updates or not compiled(device) or any(t.dtype != torch.float32 for t in template.values()):
+    # One update is its own sum (the reference returns it as is): no copy, no op call.
+    if len(updates) <= 1 or not compiled(device) or any(t.dtype != torch.float32 for t in template.values()):
         return _torch_impl.scatter_in_order(updates, template)
     sizes = [0] + [u.rows.numel() for u in updates]
     rows, sums = torch.ops.odin.scatter_in_order(
@@ -160,7 +162,7 @@ def _advance(optimizer: SelectiveAdam) -> list[float]:
     (param,) = group["params"]
     state = optimizer._state_of(param)
     state["step"] += 1
-    step = state["step"].item()
+    step = state["step"].item()  # the step counter is a CPU tensor (``_state_of``): no device synchronization
     beta1, beta2 = group["betas"]
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5
     step_size = group["lr"] / (1 - beta1**step)

@@ -1,8 +1,8 @@
 """The culling index the runtime keeps over the model: bounding spheres, their block index and candidate sets.
 
 Built with the runtime and after each structural change (rebuilt in O(N log N) only once its blocks have grown
-by a quarter), refreshed on the rows each publication writes; C(t) is culled through it in O(|C(t)|), not O(N).
-See :class:`~odin_nerfstudio.culling.candidates.BoundingSpheres` and ``docs/architecture.md``.
+by a quarter), refreshed on the rows each publication writes; C(t) is culled through it in O(|C(t)|), not O(N),
+and checked against the unpublished writes in the same pass (the kernel op ``cull_conflicts``). See :class:`~odin_nerfstudio.culling.candidates.BoundingSpheres` and ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
-from odin_nerfstudio.core.conflicts import StepRows, union_sorted
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows, union_sorted
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
+from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
 
 
@@ -52,8 +53,14 @@ class CullingIndex:
         """C(t) on the current state, sorted int64 [M]."""
         return self.bounds().rows_in(self.region(task))
 
+    def candidates_and_conflicts(self, task: Task, writes: Sequence[StepRows]) -> tuple[Tensor, Conflicts]:
+        """C(t) on the current state, sorted int64 [M], and its rows with a write of an earlier unpublished step in
+        ``writes`` (RAW; steps >= the task's are ignored), culled and checked in one op."""
+        return ops.cull_conflicts(self.bounds(), self.region(task), task.step, writes)
+
     def any_meets(self, task: Task, rows: Tensor) -> bool:
         """Whether any of ``rows`` (sorted int64 [R]) now lies in the region of ``task``'s candidate set."""
+        # a host synchronization on CUDA, needed: validation decides on it (re-run or not) on the host
         return bool(self.bounds().meets(self.region(task), rows).any())
 
     def update(self, rows: Tensor, means: Tensor, scales: Tensor) -> None:

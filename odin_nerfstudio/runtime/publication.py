@@ -1,7 +1,9 @@
 """Publication: the only writer of the global state, one step at a time and in step order.
 
 A step's merged update (every worker's gradients summed in worker order, then task order) is applied with
-selective Adam to the union of its active rows; the rows outside it do not change. Bias correction counts global
+selective Adam to the union of its active rows, fused with the advance of their sequence words (the kernel op
+``publish_adam``: compiled when built, else the pure-torch reference; bit-identical); the rows outside it do not
+change. Bias correction counts global
 steps: an empty union still advances the step count. The tasks' statistics are accumulated into the strategy
 state task by task, in worker order then task order, so every replica's statistics are the same bit for bit.
 
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate
+from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
 
 
@@ -57,15 +60,13 @@ class Publisher:
         if step != self.published_through + 1:
             raise RuntimeError(f"publish({step}) out of order: last published step is {self.published_through}")
 
-    def apply(self, merged: SparseUpdate) -> tuple[Tensor, Tensor]:
-        """Selective Adam on ``merged.rows``, then its tasks' statistics; returns the rows' new means [R, 3] and
-        scales [R, 3] (for the culling index)."""
+    def apply(self, merged: SparseUpdate, seq: Tensor) -> tuple[Tensor, Tensor]:
+        """Selective Adam on ``merged.rows`` with their sequence words ``seq`` (int64 [N], the tables') advanced by
+        one version, then its tasks' statistics; returns the rows' new means [R, 3] and scales [R, 3] (for the
+        culling index)."""
         rows = merged.rows
-        updated = {name: opt.step_rows(rows, [merged.grads[name]])[0] for name, opt in self.optimizers.items()}
-        means, scales = (
-            updated[name] if name in updated else self.params[name].detach().index_select(0, rows)
-            for name in ("means", "scales")
-        )
+        ops.publish_adam(self.optimizers, rows, merged.grads, seq)
+        means, scales = (self.params[name].detach().index_select(0, rows) for name in ("means", "scales"))
         if self.strategy_state is not None:
             num_primitives = self.params["means"].shape[0]
             for stats in merged.stats:

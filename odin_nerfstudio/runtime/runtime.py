@@ -31,7 +31,7 @@ from torch import Tensor
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.transport import Transport
-from odin_nerfstudio.core.conflicts import StepRows, raw, union_sorted
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows, raw, union_sorted
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import densified
@@ -136,9 +136,9 @@ class OdinRuntime:
         if gate is not None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return meter.count_wait(Wait(task, gate[0], gate[1], empty))
-        candidate = self._candidates(task)
         writes = [slot.writes() for slot in self.shadow.open_slots() if slot.step < step]
-        conflicts = raw(candidate, step, writes + self.remote.writes(step, self.published_through))
+        writes += self.remote.writes(step, self.published_through)
+        candidate, conflicts = self._candidates_and_conflicts(task, writes)
         admitted: tuple[StepRows, ...] = ()
         if conflicts.any:
             params, slots = self.params, self.shadow.open_slots()
@@ -148,6 +148,14 @@ class OdinRuntime:
             admitted, stale = admission
             meter.counters.count_stale(stale)
         return self._admit(task, candidate, admitted)
+
+    def _candidates_and_conflicts(self, task: Task, writes: list[StepRows]) -> tuple[Tensor, Conflicts]:
+        """C(t) and its rows with a write in ``writes`` (RAW): culled and checked in one op (the index's
+        ``cull_conflicts``), or every row and the check apart for a policy that reads every row."""
+        if not self.policy.reads_every_row:
+            return self.index.candidates_and_conflicts(task, writes)
+        candidate = self._candidates(task)
+        return candidate, raw(candidate, task.step, writes)
 
     def _candidates(self, task: Task) -> Tensor:
         """C(t) on the current state: culled by the index, or every row for a policy that reads every row."""
@@ -162,7 +170,7 @@ class OdinRuntime:
         self.tables.declare(candidate, task.step)
         record = ReadRecord(candidate, self.published_through, admitted)
         self.log.add(task, record)
-        leaves = self.shadow.gather(self.params, candidate)
+        leaves = self.shadow.gather(self.params, candidate, self.tables.seq)
         return Read(task, record, leaves, task_generator(self.seed, task.step, task.view))
 
     @bookkeeping
@@ -268,10 +276,10 @@ class OdinRuntime:
         self.publisher.check_order(step)
         start = self.timeline.now()
         merged = self.exchange.collect(step, self.config.wait_timeout_s)
-        means, scales = self.publisher.apply(merged)
+        means, scales = self.publisher.apply(merged, self.tables.seq)
         self.index.update(merged.rows, means, scales)
         slot = self.shadow.free(step)
-        self.tables.publish(merged.rows, slot.declared_sets(), step)
+        self.tables.settle(merged.rows, slot.declared_sets(), step)
         for key in slot.candidates:
             self.log.forget(key)
         self.validator.published(step, merged.rows)

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import StepRows, union_sorted
-from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
+from odin_nerfstudio.core.sparse import SparseUpdate, tensor_bytes
 from odin_nerfstudio.core.tasks import TaskKey
+from odin_nerfstudio.kernels import ops
 
 MEMORY_KINDS = ("leaves", "grads", "staged", "candidates")
 """What :class:`MemoryMeter` tells apart: gathered rows, their gradients, staged updates, declared candidate sets."""
@@ -95,7 +96,7 @@ class RingSlot:
 
     def staged_update(self, template: dict[str, Tensor]) -> SparseUpdate:
         """Sum of every staged task's update, in task order (the producer's update so far)."""
-        return sum_in_order([self.staged[key] for key in sorted(self.staged)], template)
+        return ops.scatter_in_order([self.staged[key] for key in sorted(self.staged)], template)
 
 
 class ShadowGraph:
@@ -113,6 +114,7 @@ class ShadowGraph:
         self.device = torch.device(device)
         self.slots: list[RingSlot | None] = [None] * ring_slots
         self.memory = MemoryMeter()
+        ops.compiled(self.device)  # load the kernel library now (seconds), not inside the first hook's clock
 
     def slot(self, step: int) -> RingSlot | None:
         """The slot holding ``step``, or None if it does not hold it."""
@@ -137,17 +139,26 @@ class ShadowGraph:
         """Every claimed slot, in step order."""
         return sorted((s for s in self.slots if s is not None), key=lambda s: s.step)
 
-    def gather(self, params: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
-        """Copy the candidate rows into task-local leaves that require grad.
+    def gather(self, params: dict[str, Tensor], rows: Tensor, seq: Tensor) -> dict[str, Tensor]:
+        """Copy the candidate rows into task-local leaves that require grad (the kernel op ``gather_rows``, under
+        the rows' seqlocks).
 
         Args:
             params: per name, the global parameter [N, ...].
             rows: the candidate set, sorted int64 [M].
+            seq: per row, its sequence word, int64 [N] (``PrimitiveTables.seq``).
 
         Returns:
             Per name, a fresh leaf [M, ...] with ``requires_grad=True``.
         """
-        leaves = {name: p.detach().index_select(0, rows).requires_grad_(True) for name, p in params.items()}
+        leaves, _, locked = ops.gather_rows(params, rows, seq)
+        # Publications run on this thread between gathers, so no row is ever held here. The check costs nothing
+        # on the CPU; on CUDA it would wait for the copy, so it is skipped there (a concurrent publisher must
+        # re-read the locked rows instead, docs/architecture.md).
+        if rows.device.type == "cpu" and bool(locked.any()):
+            raise RuntimeError(f"gather: {int(locked.sum())} rows held by a publication (none may run concurrently)")
+        for leaf in leaves.values():
+            leaf.requires_grad_(True)
         self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
         return leaves
 
@@ -201,11 +212,11 @@ class ShadowGraph:
         self.release(leaves)
 
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
-        """A worker's contribution to ``step``: its staged updates summed (statistics listed) in task order; empty
-        for a worker with no task in the step."""
+        """A worker's contribution to ``step``: its staged updates summed (statistics listed) in task order (the
+        kernel op ``scatter_in_order``); empty for a worker with no task in the step."""
         slot = self.slot(step)
         keys = sorted(k for k in slot.staged if k[1] == worker)
-        return sum_in_order([slot.staged[k] for k in keys], template)
+        return ops.scatter_in_order([slot.staged[k] for k in keys], template)
 
     def free(self, step: int) -> RingSlot:
         """Release the slot of a published step and return what it held."""

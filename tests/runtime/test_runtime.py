@@ -19,6 +19,7 @@ from odin_nerfstudio.culling.candidates import candidate_set
 from odin_nerfstudio.rendering.rasterize import rasterization
 from odin_nerfstudio.core.row_order import permute_rows, spatial_order
 from odin_nerfstudio.runtime.config import Topology
+from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig, Read, Wait
 from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.runtime.shadow import MEMORY_KINDS, ShadowGraph
@@ -447,14 +448,14 @@ def test_bookkeeping_counts_nested_hooks_once(monkeypatch: pytest.MonkeyPatch) -
     a publication slowed by a known sleep adds that sleep once, not once per nesting level."""
     nap_ns = 20_000_000
     slept = []
-    step_rows = SelectiveAdam.step_rows
+    apply = Publisher.apply
 
-    def slow_step_rows(self, rows, grads):
+    def slow_apply(self, merged, seq):
         time.sleep(nap_ns / 1e9)
         slept.append(nap_ns)
-        return step_rows(self, rows, grads)
+        return apply(self, merged, seq)
 
-    monkeypatch.setattr(SelectiveAdam, "step_rows", slow_step_rows)
+    monkeypatch.setattr(Publisher, "apply", slow_apply)
     runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params())
     for (tasks,) in schedule_of(DENSE, 1, 1, steps=4):
         assert runtime.run_next(tasks) == tasks[0]
@@ -479,7 +480,7 @@ def test_shadow_graph_memory_stays_below_a_model_copy() -> None:
 def test_shadow_ring_stages_in_task_order_and_keeps_superseded_candidates() -> None:
     params = {"means": torch.zeros(10, 3), "opacities": torch.zeros(10)}
     shadow = ShadowGraph(ring_slots=2)
-    leaves = shadow.gather(params, torch.tensor([1, 2, 4]))
+    leaves = shadow.gather(params, torch.tensor([1, 2, 4]), torch.zeros(10, dtype=torch.int64))
     assert shadow.memory.current == 3 * 3 * 4 + 3 * 4
     shadow.release(leaves)
     assert leaves == {} and shadow.memory.current == 0
