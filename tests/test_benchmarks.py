@@ -37,7 +37,7 @@ def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
         [sys.executable, str(ROOT / "benchmarks" / "bench_runtime.py"), "--quick"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
         cwd=ROOT,
     )
