@@ -199,6 +199,12 @@ def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, i
     return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr)
 
 
+def _last_error(text: str) -> str:
+    """The most telling line of a failed command's output: the last one naming an error."""
+    lines = [line.strip() for line in text.splitlines() if "Error" in line or "error" in line]
+    return (lines[-1] if lines else text.strip().splitlines()[-1])[:300]
+
+
 def per_rank(values: list[float]) -> str:
     """Shares per rank, joined by " / "."""
     return " / ".join(f"{value:.0%}" for value in values)
@@ -302,13 +308,17 @@ def main(argv: list[str] | None = None) -> None:
         plans = [(make_street(args, folder), args.modes)]
         if args.dense:
             plans.append((make_object(args, folder), args.dense_modes))
-        runs = [
-            train_mode(args, scene, folder, mode, link)
-            for scene, modes in plans
-            for link in args.interconnect
-            for mode in modes
-        ]
+        runs, failed = [], []
+        for scene, modes in plans:
+            for link in args.interconnect:
+                for mode in modes:
+                    try:
+                        runs.append(train_mode(args, scene, folder, mode, link))
+                    except RuntimeError as error:  # one failed run is reported, not the end of the benchmark
+                        failed.append(f"{scene.name} {mode} {link}: {_last_error(str(error))}")
     text = report(args, command, runs)
+    if failed:
+        text += "\n\nRuns that failed (their error's last line):\n\n" + "\n".join(f"- {line}" for line in failed)
     publish(NAME, text, None if args.no_write else args.output)
 
 
