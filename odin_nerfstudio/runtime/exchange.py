@@ -61,8 +61,8 @@ class ExchangeBook:
             return False
         if after_published and published_through < slot.step - 1:
             return False
-        if any(step < slot.step and len(handles) < self.num_workers for step, handles in self._handles.items()):
-            return False  # exchanges start in step order on every worker
+        if not all(self.all_sent(step) for step in range(published_through + 1, slot.step)):
+            return False  # exchanges start in step order on every worker (an earlier step with no local task too)
         staged = sum(1 for key in slot.staged if key[1] == worker)
         return staged == self.tasks_of(slot.step, worker)
 
