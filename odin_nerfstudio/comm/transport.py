@@ -17,7 +17,8 @@ Every wait has a timeout and its error names what it waited for.
   cannot be issued with it, and when the main thread issued it (at its next ``done()`` / ``wait()``), a rank deep
   in a long render held back every rank's payload. Now progress never depends on a rank polling; ``done()`` never
   blocks and ``wait(timeout)`` waits on a condition. Each collective is waited for at most the transport's
-  ``timeout`` (in slices, so that :meth:`DistributedTransport.close` ends the thread); an error (a timeout naming
+  ``timeout`` by polling its completion (never a timed wait: on gloo that timeout becomes the collective's own,
+  so a short one fails it when a peer is late; :meth:`DistributedTransport.close` ends the polling); an error (a timeout naming
   the step and what it waited for, or a failed collective) fails that exchange and every later one, and reaches
   their next ``done()`` / ``wait()``. The launcher closes the thread (:func:`close_transports`) before destroying
   the process group, as it stops the heartbeat.
@@ -56,7 +57,6 @@ A rank with no task in a step still sends its empty update.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 import queue
 import threading
@@ -438,10 +438,6 @@ def close_transports() -> None:
         transport.close()
 
 
-_SLICE_S = 0.1
-"""The progress thread waits for a collective in slices this long, to notice :meth:`DistributedTransport.close`."""
-
-
 class DistributedTransport:
     """Sparse-update exchange over torch.distributed (gloo on CPU, NCCL on CUDA): one instance per rank.
 
@@ -493,7 +489,6 @@ class DistributedTransport:
         self._error: BaseException | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self._polled = dist.get_backend(group) != "gloo"
         _TRANSPORTS.add(self)
 
     @property
@@ -534,7 +529,7 @@ class DistributedTransport:
         self._closed.set()
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join(timeout=10 * _SLICE_S + 5.0)
+            self._thread.join(timeout=5.0)
         _TRANSPORTS.discard(self)
 
     def _progress(self) -> None:
@@ -678,29 +673,14 @@ class DistributedTransport:
         return dataclasses.replace(_unpack(union, total[union, :width], self.template), stats=stats)
 
     def _wait(self, work: Any, handle: DistributedHandle, part: str) -> None:
-        """Wait (in the progress thread) for a collective of ``handle``'s exchange, at most :attr:`timeout`, in
-        slices so that :meth:`close` ends the wait; a timeout raises ``TimeoutError`` naming the step and part."""
+        """Wait (in the progress thread) for a collective of ``handle``'s exchange, at most :attr:`timeout`: poll
+        ``is_completed`` (every :data:`_POLL_S`, noticing :meth:`close`), then wait, which raises a failed
+        collective's error and, on NCCL, orders this thread's stream after it. Never a wait with a timeout: on
+        gloo a work-level timeout is handed to the collective's own sends and receives, so a short one fails the
+        collective when a peer is late (seen as step 0's exchange hanging on both ranks under load), and on NCCL
+        an expired one may abort the communicator. A timeout raises ``TimeoutError`` naming the step and part."""
         handle.part = part
         deadline = time.monotonic() + self.timeout
-        if self._polled:
-            self._poll(work, handle, part, deadline)
-            return
-        while True:
-            if self._closed.is_set():
-                raise _Closed
-            left = deadline - time.monotonic()
-            try:
-                work.wait(timeout=datetime.timedelta(seconds=max(min(left, _SLICE_S), _SHORTEST_WAIT_S)))
-                return
-            except RuntimeError as error:
-                if work.is_completed() or left <= _SLICE_S:
-                    if "timed out" in str(error).lower():
-                        raise TimeoutError(f"waited {self.timeout:.3g} s for {handle.what(part)}") from error
-                    raise RuntimeError(f"{handle.what(part)} failed: {error}") from error
-
-    def _poll(self, work: Any, handle: DistributedHandle, part: str, deadline: float) -> None:
-        """NCCL's wait with a timeout may abort the communicator when it expires: poll ``is_completed`` instead
-        (every :data:`_POLL_S`), then wait, which orders this thread's stream after the collective."""
         while not work.is_completed():
             if self._closed.is_set():
                 raise _Closed
@@ -738,6 +718,4 @@ def _longest(sizes: Sequence[_Sizes]) -> _Sizes:
 
 
 _POLL_S = 0.0005
-"""How often the progress thread polls a collective that is not gloo's."""
-_SHORTEST_WAIT_S = 0.001
-"""A collective's wait takes milliseconds and 0 ms means "no timeout": a spent deadline still waits 1 ms."""
+"""How often the progress thread polls a collective in flight."""
