@@ -312,13 +312,17 @@ class Schedule:
         groups = [groups[i] for i in untangle(weights, groups, order, config.step_size)]
         lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), config.ring_size)
         if lag_mass[:, 0].sum() > random_mass.sum():
-            groups = random_groups
-        return self._assemble(epoch, groups, float(random_mass.sum()))
+            return self._assemble(epoch, random_groups, float(random_mass.sum()))
+        return self._assemble(epoch, groups, float(random_mass.sum()), lag_mass)
 
-    def _assemble(self, epoch: int, groups: list[np.ndarray], random_mass: float) -> EpochPlan:
-        """Epoch ``epoch`` from its ordered groups of views: LPT tasks, conflict masses and overlap windows."""
+    def _assemble(
+        self, epoch: int, groups: list[np.ndarray], random_mass: float, lag_mass: np.ndarray | None = None
+    ) -> EpochPlan:
+        """Epoch ``epoch`` from its ordered groups of views (and their conflict mass by lag, if already measured):
+        LPT tasks, conflict masses and overlap windows."""
         ring = self.config.ring_size
-        lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), ring)
+        if lag_mass is None:
+            lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), ring)
         first = epoch * self.steps_per_epoch
         steps = tuple(self._step(first + s, epoch, views, lag_mass[s], min(s, ring)) for s, views in enumerate(groups))
         return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=random_mass)
