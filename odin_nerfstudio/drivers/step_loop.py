@@ -7,16 +7,24 @@ turn, and when no local worker can proceed the driver blocks on the next publica
 needs the other ranks' updates, for at most the runtime's ``wait_timeout_s``. The iteration returns once its
 tasks are staged and their exchange started, not published: the next step may read while it is in flight.
 
+Running ahead (:class:`Ahead`): dynamic ordering, which runs a worker's B tasks of a step in any order, reaches one
+step further. When no local worker can read any task of step s + 1 (each conflicts with the unpublished step s), a
+worker may read its task of step s + 2 first, if that task conflicts with nothing unpublished: step s's writes and
+the predicted writes of step s + 1's tasks not read yet, this process's included (``OdinRuntime.expect``). Its
+gradients are staged in step s + 2's slot and exchanged after step s + 1's, once step s + 1 is published and the
+read validated (re-run if a prediction missed a write), so quality-first still equals the barrier; the wait the
+conflict would have exposed is spent rendering instead.
+
 :func:`settle` is the barrier a trainer puts before what needs the synchronous state: checkpoints, evaluation,
 structural changes and the end of training.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.core.tasks import Task, TaskKey
 from odin_nerfstudio.runtime.runtime import OdinRuntime, Read, Wait
 
 
@@ -29,6 +37,22 @@ class Worker:
     remaining: list[Task] = field(default_factory=list)
     in_flight: Read | None = None
     last_wait: Wait | None = None
+
+
+@dataclass
+class Ahead:
+    """The next step's local tasks, which a worker may run while its tasks of the current step wait.
+
+    Attributes:
+        step: the next step.
+        tasks: per local worker, its tasks of ``step`` (as ``run_step`` takes them).
+        started: keys of the tasks already run ahead; the call that runs ``step`` skips them.
+    """
+
+    step: int
+    tasks: Sequence[Sequence[Task]]
+    started: set[TaskKey] = field(default_factory=set)
+    _expected: set[TaskKey] = field(default_factory=set)
 
 
 def turn(runtime: OdinRuntime, me: Worker) -> bool:
@@ -66,11 +90,23 @@ def unblock(runtime: OdinRuntime, published: int, progressed: bool, stuck: Calla
         raise RuntimeError(stuck())
 
 
-def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]], read_after: int = -1) -> None:
+def run_step(
+    runtime: OdinRuntime,
+    step: int,
+    step_tasks: Sequence[Sequence[Task]],
+    read_after: int = -1,
+    ahead: Ahead | None = None,
+    started: Collection[TaskKey] = (),
+) -> None:
     """Run the local workers' tasks of ``step`` (``step_tasks[w]``: worker w's tasks, possibly none).
 
     Workers take turns in worker order, each reading and at once finishing one task per turn (:func:`turn`);
-    :func:`unblock` detects a round in which none could read.
+    in a round in which none could read, a worker may run one task of ``ahead`` (:func:`run_ahead`), else
+    :func:`unblock` blocks on the next publication.
+
+    ``ahead``: step + 1's local tasks, or None where the caller forbids running ahead (a structural change,
+    evaluation, checkpoint or replica check follows this step, or it is the last). ``started``: keys of this step's
+    tasks that the previous call ran ahead (its ``ahead.started``); they are not run again.
 
     ``read_after``: the last step that must be published before any task of this step reads. A schedule's overlap
     window names the earlier steps a step may run beside; reading beside an older one is optimistic and, when that
@@ -89,8 +125,13 @@ def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task
         if any(task.step != step or task.worker != worker for task in tasks):
             raise ValueError(f"step {step}: worker {worker}'s tasks must have step {step} and worker {worker}")
     plan_short_step(runtime, step, step_tasks)
+    if ahead is not None:
+        if ahead.step != step + 1 or len(ahead.tasks) != num_workers:
+            raise ValueError(f"step {step}: ahead must hold step {step + 1}'s tasks for {num_workers} workers")
+        plan_short_step(runtime, ahead.step, ahead.tasks)
     await_published(runtime, read_after)
-    workers = [Worker(w, step, list(tasks)) for w, tasks in enumerate(step_tasks) if tasks]
+    workers = [Worker(w, step, [t for t in tasks if t.key not in started]) for w, tasks in enumerate(step_tasks)]
+    workers = [me for me in workers if me.remaining]
 
     def stuck() -> str:
         waits = {me.worker: (me.last_wait.reason, me.last_wait.step) for me in workers if me.remaining}
@@ -103,8 +144,35 @@ def run_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task
                 turn(runtime, me)
                 progressed = True
         runtime.progress()
+        if not progressed and runtime.published_through == published and ahead is not None:
+            progressed = run_ahead(runtime, workers, ahead)
         unblock(runtime, published, progressed, stuck)
     runtime.progress()
+
+
+def run_ahead(runtime: OdinRuntime, workers: Sequence[Worker], ahead: Ahead) -> bool:
+    """Run one task of ``ahead`` for the first waiting worker that has one that may read; returns whether one ran.
+
+    Before the first such read, the current step's tasks not read yet are expected (``OdinRuntime.expect``): their
+    predicted writes count as pending writes of their step, as another process's would.
+    """
+    unread = [task for me in workers for task in me.remaining if task.key not in ahead._expected]
+    runtime.expect(unread)
+    ahead._expected.update(task.key for task in unread)
+    for me in workers:
+        if not me.remaining:
+            continue
+        tasks = [task for task in ahead.tasks[me.worker] if task.key not in ahead.started]
+        if not tasks:
+            continue
+        result = runtime.read_next(tasks)
+        if isinstance(result, Wait):
+            continue
+        ahead.started.add(result.task.key)
+        runtime.counters.ran_ahead += 1
+        runtime.finish(result)
+        return True
+    return False
 
 
 def await_published(runtime: OdinRuntime, step: int) -> None:

@@ -91,6 +91,10 @@ class OdinTrainerConfig(TrainerConfig):
     """Read a step only beside the earlier steps its schedule's overlap window names (their predicted conflict is
     low), waiting for older steps first. Off (default): read as early as the runtime's exact RAW check allows; the
     check waits on the conflicting rows only, which a schedule-level window (conflict mass per view) cannot see."""
+    run_ahead: bool = True
+    """Let a worker whose tasks of a step all wait on a conflicting publication run its task of the next step first
+    (validated like any read, so quality-first still equals the barrier); never across a structural change,
+    evaluation, checkpoint or replica check (`drivers/step_loop.py`)."""
     interconnect: InterconnectName = "none"
     """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
     delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
@@ -158,6 +162,7 @@ class OdinTrainer(Trainer):
         runtime = self.runtime
         restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
         self._cameras: dict = {}
+        self._ahead = None
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.world_size == 1 and self.runtime.topology.num_workers > 1:
             CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
@@ -247,7 +252,7 @@ class OdinTrainer(Trainer):
         from odin_nerfstudio.ns.splat_runtime import structural_change
         from odin_nerfstudio.adapter.gsplat import structural_change_due
         from odin_nerfstudio.core.tasks import step_tasks
-        from odin_nerfstudio.drivers.step_loop import run_step, settle
+        from odin_nerfstudio.drivers.step_loop import Ahead, run_step, settle
 
         model, runtime = self.pipeline.model, self.runtime
         if step > 0 and structural_change_due(model.strategy, step - 1):
@@ -258,13 +263,38 @@ class OdinTrainer(Trainer):
         if self.config.expect_remote_writes:
             remote = [worker for worker in range(len(plan.tasks)) if worker not in self.local_workers]
             runtime.expect([task for tasks in step_tasks(step, plan.tasks, self._camera, remote) for task in tasks])
-        run_step(runtime, step, step_tasks(step, plan.tasks, self._camera, self.local_workers), read_after)
+        started = self._ahead.started if self._ahead is not None and self._ahead.step == step else set()
+        self._ahead = None
+        if self._may_run_ahead(step):
+            following = self.pipeline.datamanager.schedule.at(step + 1)
+            self._ahead = Ahead(step + 1, step_tasks(step + 1, following.tasks, self._camera, self.local_workers))
+        tasks = step_tasks(step, plan.tasks, self._camera, self.local_workers)
+        run_step(runtime, step, tasks, read_after, self._ahead, started)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
         logged = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
         return loss, {"main_loss": loss}, self._odin_metrics(timeline=logged)
+
+    def _may_run_ahead(self, step: int) -> bool:
+        """Whether step ``step``'s workers may run step + 1's tasks (``--run-ahead``): not at the last step, nor
+        before what needs step ``step``'s synchronous state (a structural change, an evaluation, a checkpoint, a
+        replica check), nor when reads follow the schedule's overlap windows."""
+        from odin_nerfstudio.adapter.gsplat import structural_change_due
+
+        config = self.config
+        if not config.run_ahead or config.follow_overlap_window:
+            return False
+        if step + 1 >= self._start_step + config.max_num_iterations:
+            return False
+        settles = [config.steps_per_save, config.steps_per_eval_batch, config.steps_per_eval_image]
+        settles.append(config.steps_per_eval_all_images)
+        if self.world_size > 1:
+            settles.append(config.replica_check_every)
+        if any(interval > 0 and step % interval == 0 for interval in settles):
+            return False
+        return not structural_change_due(self.pipeline.model.strategy, step)
 
     def _odin_metrics(self, timeline: bool = True) -> dict[str, float]:
         """The Gaussian count, the runtime's counters and, with ``timeline``, this rank's timeline figures so far
@@ -323,7 +353,19 @@ class OdinTrainer(Trainer):
         self._saved_strategy = load_trainer_checkpoint(self)
 
     def _after_train(self) -> None:
-        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint; the banner from rank 0)."""
+        """Settle, write the timeline, then nerfstudio's end of training (last checkpoint; the banner from rank 0).
+
+        A run stopped from the viewer may have run tasks of the next step ahead: that step is finished first, so the
+        last checkpoint holds a whole step's state and names it."""
+        from odin_nerfstudio.core.tasks import step_tasks
+        from odin_nerfstudio.drivers.step_loop import run_step
+
+        if self._ahead is not None and self._ahead.started:
+            ahead, self._ahead = self._ahead, None
+            plan = self.pipeline.datamanager.schedule.at(ahead.step)
+            tasks = step_tasks(ahead.step, plan.tasks, self._camera, self.local_workers)
+            run_step(self.runtime, ahead.step, tasks, started=ahead.started)
+            self.step = ahead.step
         self._settle()
         if self.world_size > 1:
             self._check_replicas(self.step)

@@ -74,7 +74,8 @@ class CullingIndex:
 
 
 class RemoteTasks:
-    """Predicted writes of the tasks other processes run (a distributed run knows them from the shared schedule).
+    """Predicted writes of tasks not read here yet: those other processes run (a distributed run knows them from the
+    shared schedule), and this process's own that a read runs ahead of.
 
     Until their step is published, their predicted writes, computed on this replica when first needed, count as
     that step's pending writes, so a read that would miss one of them waits for the publication instead of reading
@@ -90,9 +91,11 @@ class RemoteTasks:
         self._rows: dict[int, Tensor] = {}
 
     def expect(self, tasks: Sequence[Task]) -> None:
-        """Add tasks other processes run."""
+        """Add tasks not read yet: other processes' tasks, or this process's own that a later step's read runs
+        ahead of (``drivers/step_loop.py``); a step's predicted union is culled again when next needed."""
         for task in tasks:
             self._tasks.setdefault(task.step, []).append(task)
+            self._rows.pop(task.step, None)
 
     def writes(self, before_step: int, published_through: int) -> list[StepRows]:
         """The candidate sets of the expected tasks of unpublished steps < ``before_step``, one union per step."""

@@ -55,6 +55,8 @@ class RuntimeCounters:
         validation_failures: failures per kind ("stale", "candidate", "escape").
         reruns: tasks re-run on fresh state after a validation failure.
         reordered: reads where dynamic ordering ran a later task of the worker's step first.
+        ran_ahead: reads of a task of the worker's next step while its current step's tasks waited
+            (``drivers/step_loop.py``'s running ahead).
         stale_reads: the latest admitted stale reads (at most about 2 x RECENT_STALE_READS, so a long run's memory
             stays flat), also those of a read later re-run (``kept`` False).
         stale: every admitted stale read, counted (:class:`StaleTally`).
@@ -74,6 +76,7 @@ class RuntimeCounters:
     validation_failures: dict[str, int] = field(default_factory=dict)
     reruns: int = 0
     reordered: int = 0
+    ran_ahead: int = 0
     stale_reads: list[StaleRead] = field(default_factory=list)
     stale: StaleTally = field(default_factory=StaleTally)
     publications: int = 0

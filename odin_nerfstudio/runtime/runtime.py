@@ -115,8 +115,9 @@ class OdinRuntime:
     published_rows = property(lambda self: self.publisher.published_rows, doc="Per step, its rows (record_reads).")
 
     def expect(self, tasks: Sequence[Task]) -> None:
-        """Tasks other processes run: their predicted writes (the rows they would draw, or C(t) without an
-        escape check) count as pending writes (``culling_index.RemoteTasks``)."""
+        """Tasks not read here yet (other processes' tasks, or local ones a read runs ahead of): their predicted
+        writes (the rows they would draw, or C(t) without an escape check) count as pending writes of their step
+        until it is published (``culling_index.RemoteTasks``)."""
         self.remote.expect(tasks)
 
     def plan_step(self, step: int, tasks_per_worker: Sequence[int]) -> None:

@@ -1,6 +1,7 @@
 """The trainer's step driver on two gloo ranks: one step per call, blocking only when no local worker can read; the
 schedule's read gate (``read_after``) holding a step's reads until the steps before its overlap window are
-published; and the other rank's expected tasks turning optimistic reads that would be re-run into waits."""
+published; the other rank's expected tasks turning optimistic reads that would be re-run into waits; and running
+ahead (a worker whose task waits runs its next step's task first), still equal to the barrier."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import selective_adams
-from odin_nerfstudio.drivers.step_loop import run_step, settle
+from odin_nerfstudio.drivers.step_loop import Ahead, run_step, settle
 from odin_nerfstudio.comm.link import LinkModel, linked_distributed
 from odin_nerfstudio.comm.transport import DistributedTransport, close_transports
 from odin_nerfstudio.drivers.virtual import run_virtual
@@ -105,7 +106,7 @@ def test_expected_remote_writes_turn_stale_reruns_into_waits(tmp_path: Path) -> 
     assert fast["stale"] == 0 and fast["raw"] > 0
 
 
-def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str) -> None:
+def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str, run_ahead: bool = False) -> None:
     """A rank behind an emulated link (50 ms + bytes / 1 MB/s per message), quality or hogwild, the other rank's
     tasks expected; records its reads' marks and the most exchanges its transport had in flight at once."""
     torch.set_num_threads(1)
@@ -120,15 +121,25 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str) -> None:
             [transport],
             slow_render if rank == 1 else render,
         )
-        most_in_flight = 0
-        for step, per_worker in enumerate(make_schedule(**SCHEDULE)):
+        most_in_flight, schedule, ahead = 0, make_schedule(**SCHEDULE), None
+        local = [[[dataclasses.replace(task, worker=0) for task in per_worker[rank]]] for per_worker in schedule]
+        for step, per_worker in enumerate(schedule):
             runtime.expect(per_worker[1 - rank])
-            tasks = [[dataclasses.replace(task, worker=0) for task in per_worker[rank]]]
-            run_step(runtime, step, tasks)
+            started = ahead.started if ahead is not None else set()
+            ahead = Ahead(step + 1, local[step + 1]) if run_ahead and step + 1 < len(schedule) else None
+            run_step(runtime, step, local[step], ahead=ahead, started=started)
             most_in_flight = max(most_in_flight, len(transport.inner.in_flight()))
         settle(runtime)
         marks = {f"{key[0]}": record.read_mark for key, record in runtime.final_reads.items()}
-        result = {"marks": marks, "most_in_flight": most_in_flight, "raw_waits": runtime.counters.waits.get("raw", 0)}
+        counters = runtime.counters
+        result = {
+            "marks": marks,
+            "most_in_flight": most_in_flight,
+            "raw_waits": counters.waits.get("raw", 0),
+            "ran_ahead": counters.ran_ahead,
+            "reruns": counters.reruns,
+            "read_order": [[e.step for e in runtime.timeline.events if e.name == "render"]],
+        }
         (Path(out_dir) / f"linked{rank}.json").write_text(json.dumps(result))
         torch.save(snapshot(runtime), Path(out_dir) / f"snapshot{rank}.pt")
         close_transports()
@@ -137,9 +148,9 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str) -> None:
     os._exit(0)
 
 
-def train_linked(tmp_path: Path, mode: str) -> list[dict]:
+def train_linked(tmp_path: Path, mode: str, run_ahead: bool = False) -> list[dict]:
     """Both ranks behind the link; returns each rank's record (and leaves rank 0's snapshot in ``tmp_path``)."""
-    mp.spawn(_linked_rank, args=(str(tmp_path / "init"), str(tmp_path), mode), nprocs=2, join=True)
+    mp.spawn(_linked_rank, args=(str(tmp_path / "init"), str(tmp_path), mode, run_ahead), nprocs=2, join=True)
     errors = [path.read_text() for path in tmp_path.glob("error*.txt")]
     assert not errors, errors
     return [json.loads((tmp_path / f"linked{rank}.json").read_text()) for rank in range(2)]
@@ -161,3 +172,16 @@ def test_hogwild_keeps_several_exchanges_in_flight_behind_a_link(tmp_path: Path)
     by side (the transport's progress thread runs them in step order)."""
     records = train_linked(tmp_path, "hogwild")
     assert max(r["most_in_flight"] for r in records) >= 2
+
+
+def test_running_ahead_renders_the_next_step_first_and_still_equals_barrier(tmp_path: Path) -> None:
+    """Behind the link, with the next step's task offered (``Ahead``), the fast rank renders a task of step s + 1
+    before its own task of step s whenever that one waits; its gradients are exchanged in step order, validated
+    once step s is published, so the run still ends at the barrier's model bit for bit."""
+    records = train_linked(tmp_path, "quality", run_ahead=True)
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
+    run_virtual(barrier, make_schedule(**SCHEDULE))
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    assert sum(r["ran_ahead"] for r in records) > 0, "no rank ran ahead"
+    out_of_order = [r for r in records if r["read_order"][0] != sorted(r["read_order"][0])]
+    assert out_of_order, "running ahead must render a later step before an earlier one"

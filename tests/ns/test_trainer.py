@@ -197,3 +197,22 @@ def test_densification_statistics_count_views_not_steps(street: Path, tmp_path: 
     views = sum(len(tasks) for step in range(3) for tasks in schedule.at(step).tasks)
     assert views == 12
     assert 3 < float(state["count"].max()) <= views, "a row seen by several views of one step counts each view"
+
+
+def test_running_ahead_is_offered_except_before_what_needs_the_synchronous_state(street: Path, tmp_path: Path) -> None:
+    """The trainer offers the next step's tasks to a waiting worker (``--run-ahead``) at every step but one followed
+    by a structural change, an evaluation or a checkpoint, and the last; never with ``--run-ahead False``."""
+    from odin_nerfstudio.adapter.gsplat import structural_change_due
+
+    config = trainer_config(street, tmp_path, 42, **DENSIFY)
+    config.steps_per_save, config.steps_per_eval_batch = 15, 0
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    strategy = trainer.pipeline.model.strategy
+    structural = [step for step in range(42) if structural_change_due(strategy, step)]
+    assert structural, "the densification config refines within the run"
+    offered = [step for step in range(42) if trainer._may_run_ahead(step)]
+    settling = {0, 15, 30, 41, *structural}
+    assert offered == [step for step in range(42) if step not in settling]
+    trainer.config.run_ahead = False
+    assert not any(trainer._may_run_ahead(step) for step in range(42))
