@@ -72,11 +72,12 @@ class LinkModel:
 InterconnectName = Literal["none", "10gbe", "pcie"]
 """The trainer's and the benchmark's ``--interconnect`` choices: no model, or a preset of :data:`PRESETS`."""
 
-DILATION = 120.0
+DILATION = 75.0
 """How much slower this machine computes a training view than a GPU: the CPU rasterizer's render + backward of a
-128x96 street view of 40,000 Gaussians takes about 100 ms (bench_train on an idle machine), gsplat's on a GPU
-about 0.8 ms (an estimate: no GPU was at hand to measure it). A link is emulated slowed by the same factor, so that
-an exchange takes the share of a step it takes beside a GPU."""
+128x96 view of bench_train's 300 m street takes about 60 ms per task (render 44-49 ms + backward 14-16 ms, its
+barrier timelines on an idle machine, 2026-12-01), gsplat's on a GPU about 0.8 ms (an estimate: no GPU was at hand
+to measure it). A link is emulated slowed by the same factor, so that an exchange takes the share of a step it
+takes beside a GPU."""
 
 
 def _scaled(name: str, latency_s: float, bandwidth_bytes_per_s: float) -> LinkModel:
@@ -91,12 +92,12 @@ PRESETS: dict[str, LinkModel] = {
 """Named links: 10 GbE between GPU nodes, and PCIe between the GPUs of one box without NVLink (NCCL through host
 memory), at their nominal bandwidth, latency with the software stack, slowed by :data:`DILATION`.
 
-How they were chosen: on bench_train's 64-view street (2 gloo ranks, one thread each) a rank's exchange carries
-43 KB on average (165 rows; at most 244 KB), and a barrier step lasts about 125 ms per rank with idle 11% / 25%
-on loopback (BENCHMARKS.md). ``10gbe`` adds 6 ms + 43 KB / 10.4 MB/s = 10 ms per exchange, which moves the
-barrier's idle to about 18% / 31% (mean 24%, in the paper's 15-26%); ``pcie`` adds 1.6 ms (mean idle about 19%).
-These are predictions from the model; measure with ``bench_train.py --interconnect none,10gbe,pcie`` on an idle
-machine (on a loaded one every compute span stretches and the fixed delays weigh less)."""
+How they were chosen: on bench_train's 300 m street (2 gloo ranks, one thread each, 120 steps) a step's exchange
+writes 536 rows on average (median 196, at most 2,860 when a view looks down the street), a rank's message about
+250 bytes per row, and a barrier step lasts about 80 ms. ``10gbe`` delays a median message by 3.75 ms + 30 KB /
+16.7 MB/s = 5.6 ms and the largest by about 45 ms, which puts the barrier's idle share near the paper's 15-26% (the
+measured figure is in BENCHMARKS.md, bench_train); ``pcie`` adds about 0.9 ms to a median message. On a loaded
+machine every compute span stretches and the fixed delays weigh less."""
 
 
 def link_preset(name: str) -> LinkModel | None:
