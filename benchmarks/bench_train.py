@@ -26,9 +26,15 @@ exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per
 the barrier run on the same scene and interconnect), conflicting tasks and re-runs per task, stale reads and their
 staleness. ``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
 
-Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--quick]``; ``--quick`` runs
-a small scene for a few steps (for tests) and never writes BENCHMARKS.md. Otherwise the figures replace the section
-between ``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
+Noise: this machine's speed drifts by 10% and more between runs a minute apart, so ``--repeats R`` runs every
+variant R times, in rounds (each round runs every variant once, one after the other). A column shows the median of
+the R values of views/s, bound share and exposed wait; a ratio to the barrier (views/s, hidden wait) is taken
+within a round, between runs made minutes apart, and its median over the rounds is shown with every round's value.
+The other rows come from the variant's median run (by views/s).
+
+Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--repeats 3] [--quick]``;
+``--quick`` runs a small scene for a few steps once (for tests) and never writes BENCHMARKS.md. Otherwise the figures
+replace the section between ``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
 """
 
 from __future__ import annotations
@@ -76,6 +82,39 @@ class ModeRun:
     counters: list[dict]
     wall_s: float
     psnr: float
+    round: int = 0
+
+
+def median(values: list[float]) -> float:
+    """The median (the mean of the middle two for an even count)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+@dataclass
+class Variant:
+    """One variant's runs on one scene and interconnect, one per round (in round order)."""
+
+    mode: str
+    runs: list[ModeRun]
+
+    @property
+    def typical(self) -> ModeRun:
+        """The median run by views/s (the lower middle one for an even count)."""
+        ordered = sorted(self.runs, key=lambda run: run.metrics.views_per_s)
+        return ordered[(len(ordered) - 1) // 2]
+
+    def per_round(self, figure) -> tuple[float, list[float]]:
+        """``figure(run)`` of every round, and their median."""
+        values = [figure(run) for run in self.runs]
+        return median(values), values
+
+    def against(self, barrier: Variant, figure) -> tuple[float, list[float]]:
+        """``figure(run, barrier's run of the same round)`` of every round both ran, and their median."""
+        references = {run.round: run for run in barrier.runs}
+        values = [figure(run, references[run.round]) for run in self.runs if run.round in references]
+        return (median(values), values) if values else (float("nan"), [])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeline-dir", type=Path, default=None, help="draw each run's timeline PNG here")
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per command before it is killed")
-    parser.add_argument("--quick", action="store_true", help="small scene, a few steps, print only")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: every variant runs once per round")
+    parser.add_argument("--quick", action="store_true", help="small scene, a few steps, one round, print only")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
@@ -107,6 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         link_preset(name)
     if args.quick:
         args.views, args.gaussians, args.points, args.iterations, args.no_write = 16, 6000, 2000, 6, True
+        args.repeats = 1
         args.street_length, args.dense = 80.0, False
     return args
 
@@ -147,10 +188,12 @@ def make_object(args: argparse.Namespace, folder: Path) -> Path:
     return scene
 
 
-def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, interconnect: str) -> ModeRun:
+def train_mode(
+    args: argparse.Namespace, scene: Path, folder: Path, mode: str, interconnect: str, round_: int = 0
+) -> ModeRun:
     """Train variant ``mode`` on W ranks behind ``interconnect``, evaluate rank 0's checkpoint, read every rank's
     trace and counters."""
-    name = f"{scene.name}-{mode}-{interconnect}"
+    name = f"{scene.name}-{mode}-{interconnect}-{round_}"
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(args.workers), "--master-port", str(free_port())]
     train = [
         "--no-python",
@@ -196,7 +239,7 @@ def train_mode(args: argparse.Namespace, scene: Path, folder: Path, mode: str, i
         draw(metrics, events, args.timeline_dir / f"bench_train_{name}.png")
     counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in range(args.workers)]
     psnr = json.loads(eval_json.read_text())["results"]["psnr"]
-    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr)
+    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr, round_)
 
 
 def _last_error(text: str) -> str:
@@ -216,25 +259,43 @@ def failures(run: ModeRun) -> str:
     return ", ".join(str(sum(c["validation_failures"].get(kind, 0) for c in run.counters)) for kind in kinds)
 
 
-def mode_rows(run: ModeRun, barrier: ModeRun | None) -> list[tuple[str, str]]:
-    """The table's rows for one mode (``barrier``: the barrier run on the same interconnect, for the hidden wait)."""
+def _rounds(median_value: float, values: list[float], form: str) -> str:
+    """A median, then every round's value when there are several."""
+    text = form.format(median_value)
+    if len(values) > 1:
+        text += " (" + ", ".join(form.format(value) for value in values) + ")"
+    return text
+
+
+def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]]:
+    """The table's rows for one variant (``barrier``: the barrier's runs on the same interconnect, round by round,
+    for the ratios and the hidden wait)."""
+    run = variant.typical
     metrics, ranks = run.metrics, run.metrics.ranks
     renders = sum(r.renders for r in ranks)
     stale = metrics.stale
     mean_staleness = stale.staleness_sum / stale.admitted if stale.admitted else 0.0
-    hidden = None if barrier is None or barrier is run else metrics.hidden_wait(barrier.metrics)
     bookkeeping = sum(r.bookkeeping_s for r in ranks) * 1e3 / max(renders, 1)
+    views_per_s = _rounds(*variant.per_round(lambda r: r.metrics.views_per_s), "{:.2f}")
+    bound = _rounds(*variant.per_round(lambda r: r.metrics.bound_share), "{:.0%}")
+    exposed = _rounds(*variant.per_round(lambda r: r.metrics.exposed_wait_per_view_s * 1e3), "{:.1f} ms")
+    relative = hidden = "-"
+    if barrier is not None and barrier is not variant:
+        ratio = variant.against(barrier, lambda r, b: r.metrics.views_per_s / b.metrics.views_per_s)
+        relative = _rounds(*ratio, "{:.2f}x")
+        share = variant.against(barrier, lambda r, b: r.metrics.hidden_wait(b.metrics) or 0.0)
+        hidden = _rounds(*share, "**{:.0%}**")
     return [
-        ("views trained (renders incl. re-runs)", f"{metrics.views} ({renders})"),
-        ("training span, longest rank", f"{metrics.span_s:.1f} s"),
-        ("**views/s**", f"**{metrics.views_per_s:.2f}**"),
-        ("views/s relative to barrier", "-" if barrier is None else f"{metrics.views_per_s / barrier.metrics.views_per_s:.2f}x"),
-        ("wait-free bound (views / largest rank compute)", f"{metrics.wait_free_views_per_s:.2f} views/s"),
-        ("**share of the wait-free bound**", f"**{metrics.bound_share:.0%}**"),
-        ("idle share per rank (span outside render, backward, bookkeeping)", per_rank([r.idle_share for r in ranks])),
-        ("exposed wait share per rank (waits outside compute)", per_rank([r.exposed_wait_share for r in ranks])),
-        ("exposed wait per view", f"{metrics.exposed_wait_per_view_s * 1e3:.1f} ms"),
-        ("**hidden wait** (share of barrier's exposed wait removed)", "-" if hidden is None else f"**{hidden:.0%}**"),
+        ("views trained (renders incl. re-runs), median run", f"{metrics.views} ({renders})"),
+        ("training span, longest rank, median run", f"{metrics.span_s:.1f} s"),
+        ("**views/s**, median (each round)", f"**{views_per_s}**"),
+        ("views/s relative to barrier, same round: median (each round)", relative),
+        ("wait-free bound (views / largest rank compute), median run", f"{metrics.wait_free_views_per_s:.2f} views/s"),
+        ("**share of the wait-free bound**, median (each round)", f"**{bound}**"),
+        ("idle share per rank (outside compute), median run", per_rank([r.idle_share for r in ranks])),
+        ("exposed wait share per rank, median run", per_rank([r.exposed_wait_share for r in ranks])),
+        ("exposed wait per view, median (each round)", exposed),
+        ("**hidden wait** (share of the same round's barrier exposed wait removed), median (each round)", hidden),
         ("conflict rate (conflicting tasks per task)", f"{metrics.conflict_rate:.2f}"),
         ("fallback rate (re-runs per task)", f"{metrics.fallback_rate:.3f}"),
         ("validation failures by kind (stale read, candidate set moved, escape)", failures(run)),
@@ -242,18 +303,19 @@ def mode_rows(run: ModeRun, barrier: ModeRun | None) -> list[tuple[str, str]]:
             "stale reads admitted, kept; max (mean) staleness",
             f"{stale.admitted}, {stale.kept}; {stale.max_staleness} ({mean_staleness:.1f})",
         ),
+        ("tasks run ahead (next step's, while this one waited)", str(sum(c["ran_ahead"] for c in run.counters))),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
-        ("**held-out PSNR** (ns-eval, rank 0's checkpoint)", f"**{run.psnr:.2f} dB**"),
-        ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.psnr - 1:+.1%}"),
-        ("wall time of the command (start-up included)", f"{run.wall_s:.0f} s"),
+        ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),
+        ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.typical.psnr - 1:+.1%}"),
+        ("wall time of the command (start-up included), median run", f"{run.wall_s:.0f} s"),
     ]
 
 
-def table(runs: list[ModeRun]) -> list[str]:
-    """One interconnect's runs side by side, a column per mode."""
-    barrier = next((run for run in runs if run.mode == "barrier"), None)
-    columns = [mode_rows(run, barrier) for run in runs]
-    lines = [f"| figure | {' | '.join(run.mode for run in runs)} |", f"|---|{'---|' * len(runs)}"]
+def table(variants: list[Variant]) -> list[str]:
+    """One interconnect's variants side by side, a column per variant."""
+    barrier = next((variant for variant in variants if variant.mode == "barrier"), None)
+    columns = [mode_rows(variant, barrier) for variant in variants]
+    lines = [f"| figure | {' | '.join(variant.mode for variant in variants)} |", f"|---|{'---|' * len(variants)}"]
     for index, (name, _) in enumerate(columns[0]):
         lines.append(f"| {name} | {' | '.join(column[index][1] for column in columns)} |")
     return lines
@@ -294,8 +356,11 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
     ]
     for scene in dict.fromkeys(run.scene for run in runs):
         for interconnect in args.interconnect:
+            here = [run for run in runs if run.interconnect == interconnect and run.scene == scene]
+            modes = dict.fromkeys(run.mode for run in here)
+            variants = [Variant(mode, [run for run in here if run.mode == mode]) for mode in modes]
             lines += ["", f"Scene: {scene}. {interconnect_title(interconnect)}", ""]
-            lines += table([run for run in runs if run.interconnect == interconnect and run.scene == scene])
+            lines += table(variants)
     return "\n".join(lines)
 
 
@@ -311,11 +376,12 @@ def main(argv: list[str] | None = None) -> None:
         runs, failed = [], []
         for scene, modes in plans:
             for link in args.interconnect:
-                for mode in modes:
-                    try:
-                        runs.append(train_mode(args, scene, folder, mode, link))
-                    except RuntimeError as error:  # one failed run is reported, not the end of the benchmark
-                        failed.append(f"{scene.name} {mode} {link}: {_last_error(str(error))}")
+                for round_ in range(args.repeats):
+                    for mode in modes:
+                        try:
+                            runs.append(train_mode(args, scene, folder, mode, link, round_))
+                        except RuntimeError as error:  # one failed run is reported, not the end of the benchmark
+                            failed.append(f"{scene.name} {mode} {link} round {round_}: {_last_error(str(error))}")
     text = report(args, command, runs)
     if failed:
         text += "\n\nRuns that failed (their error's last line):\n\n" + "\n".join(f"- {line}" for line in failed)
