@@ -66,10 +66,17 @@ class AdmissionPolicy:
         return None
 
     def admit_stale(
-        self, task: Task, candidate: torch.Tensor, conflicts: Conflicts, open_slots: Sequence[RingSlot], params: dict
+        self,
+        task: Task,
+        candidate: torch.Tensor,
+        conflicts: Conflicts,
+        open_slots: Sequence[RingSlot],
+        params: dict,
+        predicted: Sequence[StepRows] = (),
     ) -> tuple[tuple[StepRows, ...], StaleRead] | None:
         """Whether a read with RAW ``conflicts`` may go ahead without their publications: None (wait), or per
-        pending step the rows whose write the read may miss, and the :class:`StaleRead` to count."""
+        pending step the rows whose write the read may miss, and the :class:`StaleRead` to count. ``predicted``:
+        the pending writes of tasks not staged here (other ranks'), known by prediction only."""
         return None
 
     def reruns(self, failures: Sequence[str]) -> bool:
@@ -123,15 +130,27 @@ class ThroughputPolicy(AdmissionPolicy):
         return cls(config.stale_fraction, config.stale_grad_ratio, config.max_staleness)
 
     def admit_stale(
-        self, task: Task, candidate: torch.Tensor, conflicts: Conflicts, open_slots: Sequence[RingSlot], params: dict
+        self,
+        task: Task,
+        candidate: torch.Tensor,
+        conflicts: Conflicts,
+        open_slots: Sequence[RingSlot],
+        params: dict,
+        predicted: Sequence[StepRows] = (),
     ) -> tuple[tuple[StepRows, ...], StaleRead] | None:
         """Admitted when |C n pending| / |C| <= stale_fraction, no row lags more than max_staleness steps, and on
         every pending step the conflicting rows are staged (not still being computed) with a gradient magnitude
-        below stale_grad_ratio x the mean magnitude over that step's staged active rows."""
+        below stale_grad_ratio x the mean magnitude over that step's staged active rows. A row another rank's task
+        is predicted to write waits: its producer's gradient is not known here (admitting it would only end in a
+        "stale" validation failure and a re-run)."""
         fraction = conflicts.rows.numel() / max(candidate.numel(), 1)
         staleness = int((task.step - conflicts.first_step).max())
         if fraction > self.stale_fraction or staleness > self.max_staleness:
             return None
+        if predicted:
+            remote = union_sorted([writes.rows for writes in predicted], candidate.device)
+            if bool(isin_sorted(conflicts.rows, remote).any()):
+                return None
         admitted = []
         for slot in open_slots:
             if slot.step >= task.step:
@@ -184,7 +203,13 @@ class HogwildPolicy(AdmissionPolicy):
     validates = False
 
     def admit_stale(
-        self, task: Task, candidate: torch.Tensor, conflicts: Conflicts, open_slots: Sequence[RingSlot], params: dict
+        self,
+        task: Task,
+        candidate: torch.Tensor,
+        conflicts: Conflicts,
+        open_slots: Sequence[RingSlot],
+        params: dict,
+        predicted: Sequence[StepRows] = (),
     ) -> tuple[tuple[StepRows, ...], StaleRead] | None:
         """Always: every conflicting row, for every pending step."""
         first = int(conflicts.first_step.min())

@@ -137,13 +137,13 @@ class OdinRuntime:
         if gate is not None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return meter.count_wait(Wait(task, gate[0], gate[1], empty))
-        writes = [slot.writes() for slot in self.shadow.open_slots() if slot.step < step]
-        writes += self.remote.writes(step, self.published_through)
+        predicted = self.remote.writes(step, self.published_through)
+        writes = [slot.writes() for slot in self.shadow.open_slots() if slot.step < step] + predicted
         candidate, conflicts = self._candidates_and_conflicts(task, writes)
         admitted: tuple[StepRows, ...] = ()
         if conflicts.any:
             params, slots = self.params, self.shadow.open_slots()
-            admission = self.policy.admit_stale(task, candidate, conflicts, slots, params)
+            admission = self.policy.admit_stale(task, candidate, conflicts, slots, params, predicted)
             if admission is None:
                 return meter.count_wait(Wait(task, "raw", conflicts.wait_step, conflicts.rows))
             admitted, stale = admission

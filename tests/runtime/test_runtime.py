@@ -4,6 +4,8 @@ structural changes behind the drain barrier keep the equivalence."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import json
 import time
@@ -389,6 +391,19 @@ def test_drain_refuses_unpublished_work() -> None:
     assert isinstance(runtime.run_next([task]), type(task))
     with pytest.raises(RuntimeError, match="not published"):
         runtime.drain()
+
+
+def test_throughput_waits_for_rows_another_rank_is_predicted_to_write() -> None:
+    """Throughput-first's gradient bound needs the producer's gradient, which another rank's task has not sent: a
+    read conflicting with such a predicted write waits (as quality-first does) even within generous bounds."""
+    first = schedule_of(DENSE, 2, 1)[0][0][0]
+    remote, ours = dataclasses.replace(first, worker=1), dataclasses.replace(first, step=1)
+    bounds = {"stale_fraction": 1.0, "stale_grad_ratio": 100.0, "max_staleness": 3}
+    runtime = make_runtime(OdinRuntimeConfig(mode="throughput", **bounds), make_params(), topology=Topology(1))
+    runtime.expect([remote])
+    wait = runtime.before_read(ours)
+    assert isinstance(wait, Wait) and wait.reason == "raw" and wait.step == 0
+    assert runtime.counters.stale.admitted == 0
 
 
 def test_before_read_waits_on_exactly_the_conflicting_rows() -> None:
