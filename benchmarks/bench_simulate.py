@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _report import BENCHMARKS, cpu_name, publish
-from bench_train import BIN, make_street, run, train_mode
+from bench_train import BIN, make_street, run, run_name, train_mode
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
@@ -146,7 +146,7 @@ def real_runs(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, P
     runs, reused = {}, []
     for link in args.interconnect:
         for mode in MODES:
-            path = folder / f"{scene.name}-{mode}-{link}" / "odin-splat" / "run"
+            path = folder / run_name(scene, mode, link) / "odin-splat" / "run"
             if list(path.glob("odin_timeline_rank*.json")):
                 reused.append(f"{mode}-{link}")
             else:

@@ -188,12 +188,17 @@ def make_object(args: argparse.Namespace, folder: Path) -> Path:
     return scene
 
 
+def run_name(scene: Path, mode: str, interconnect: str, round_: int = 0) -> str:
+    """The experiment name (and folder) of one run: scene, variant, interconnect, round."""
+    return f"{scene.name}-{mode}-{interconnect}-{round_}"
+
+
 def train_mode(
     args: argparse.Namespace, scene: Path, folder: Path, mode: str, interconnect: str, round_: int = 0
 ) -> ModeRun:
     """Train variant ``mode`` on W ranks behind ``interconnect``, evaluate rank 0's checkpoint, read every rank's
     trace and counters."""
-    name = f"{scene.name}-{mode}-{interconnect}-{round_}"
+    name = run_name(scene, mode, interconnect, round_)
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(args.workers), "--master-port", str(free_port())]
     train = [
         "--no-python",
