@@ -13,8 +13,9 @@ predicts (views/s, idle share, exposed and hidden wait) come from the same decis
   ``core/conflicts.raw`` of C(t) against the unpublished steps' writes as the process sees them: its own staged
   tasks' active sets, and the other processes' tasks' predicted writes (``remote_writes``: the rows they would
   draw, what ``RemoteTasks`` predicts today with an escape check, or their candidate sets, without one). Throughput-first admits a read
-  past conflicts within the policy's ``stale_fraction`` and ``max_staleness`` (its gradient-size test cannot be
-  replayed without gradients: assumed to pass) and re-runs it at validation when a write it missed lands;
+  past conflicts within the policy's ``stale_fraction`` and ``max_staleness`` when every conflicting row is its own
+  staged write (its gradient-size test cannot be replayed without gradients: assumed to pass); a row another
+  process is predicted to write waits, as the policy does (its producer's gradient is unknown there);
 - exchange: a worker commits step s once its tasks of s are staged and step ``s - exchanges_in_flight`` is
   published (today 1: ``ExchangeBook.ready``), in a ``progress`` call; the step is delivered when the
   :class:`~odin_nerfstudio.simulation.interconnect.Interconnect` says, and each process publishes it (a cost on
@@ -114,7 +115,6 @@ class ProcessFigures:
     span_s: float
     compute_s: float
     wait_s: float
-    reruns: int
 
     @property
     def idle_share(self) -> float:
@@ -316,11 +316,10 @@ class Simulation:
 
 @dataclass
 class _Read:
-    """An admitted task: its view and, for a stale read, the other processes' steps whose writes it may miss."""
+    """An admitted task: its index in the worker's step and its view."""
 
     index: int
     view: int
-    missed: tuple[StepRows, ...] = ()
 
 
 class _Process:
@@ -336,7 +335,6 @@ class _Process:
         self.committed: set[tuple[int, int]] = set()
         self._pending: dict[int, Tensor] = {}
         self.views = 0
-        self.reruns = 0
         self.compute_s = 0.0
         self.wait_s = 0.0
         self.first: float | None = None
@@ -403,10 +401,11 @@ class _Process:
             if isinstance(sim.policy, ThroughputPolicy):
                 fraction = conflicts.rows.numel() / max(candidate.numel(), 1)
                 staleness = int((step - conflicts.first_step).max())
-                if fraction <= sim.policy.stale_fraction and staleness <= sim.policy.max_staleness:
+                within = fraction <= sim.policy.stale_fraction and staleness <= sim.policy.max_staleness
+                if within and self._only_own_writes(conflicts.rows, step):
                     sim.stale_reads += 1
                     sim.conflicting.add(task.key)
-                    return _Read(index, view, self._remote_misses(conflicts.rows, step))
+                    return _Read(index, view)
             sim.conflicting.add(task.key)
         return None
 
@@ -427,17 +426,16 @@ class _Process:
             self._pending[step] = torch.nonzero(mask).flatten()
         return self._pending[step]
 
-    def _remote_misses(self, rows: Tensor, step: int) -> tuple[StepRows, ...]:
-        """Per unpublished earlier step, the conflicting ``rows`` only other processes may write (a stale read
-        admitted past a remote prediction: validation re-runs it if the write lands)."""
+    def _only_own_writes(self, rows: Tensor, step: int) -> bool:
+        """Whether every one of ``rows`` is written by this process's own staged tasks of an unpublished step
+        before ``step`` (throughput-first admits no stale read past another process's predicted write)."""
         own = [
             self.sim.workload.writes[read.view]
             for u in range(self.published + 1, step)
             for worker in self.workers
             for read in self.staged.get((u, worker), [])
         ]
-        remote = rows[~isin_sorted(rows, union_sorted(own))]
-        return tuple(StepRows(u, remote) for u in range(self.published + 1, step)) if remote.numel() else ()
+        return bool(isin_sorted(rows, union_sorted(own)).all())
 
     def _progress(self) -> Generator[Command, None, None]:
         """``OdinRuntime.progress``: commit every ready worker step, publish every delivered one, in step order."""
@@ -452,7 +450,6 @@ class _Process:
                         continue
                     staged = self.staged.get((step, worker), [])
                     if len(staged) == len(sim.tasks(step, worker)):
-                        yield from self._validate(step, staged)
                         self.committed.add((step, worker))
                         rows = union_sorted([sim.workload.writes[read.view] for read in staged])
                         sim.commit(step, worker, rows.numel() * sim.config.row_bytes)
@@ -466,22 +463,6 @@ class _Process:
                 self._pending.pop(step, None)
                 sim.published(step)
                 changed = True
-
-    def _validate(self, step: int, staged: list[_Read]) -> Generator[Command, None, None]:
-        """Re-run a stale read whose missed rows another process did write (throughput's "stale" failure)."""
-        for read in staged:
-            for missed in read.missed:
-                writes = union_sorted([self.sim.workload.writes[v] for v in self._remote_views(missed.step)])
-                if bool(isin_sorted(missed.rows, writes).any()):
-                    self.reruns += 1
-                    yield from self._busy(self._task_s(read.view))
-                    break
-
-    def _remote_views(self, step: int) -> list[int]:
-        """The views other processes render in ``step``."""
-        sim = self.sim
-        return [v for w in range(sim.config.num_workers) if w not in self.workers for v in sim.tasks(step, w)]
-
 
     def _await_publication(self, why: str) -> Generator[Command, None, None]:
         """Block until the next step is delivered and publish it; every local part of it must be sent."""
@@ -504,7 +485,7 @@ class _Process:
     def figures(self) -> ProcessFigures:
         """The process's span (first task to last publication), compute, wait and counts."""
         span = self.last - (self.first or 0.0)
-        return ProcessFigures(self.views, span, self.compute_s, self.wait_s, self.reruns)
+        return ProcessFigures(self.views, span, self.compute_s, self.wait_s)
 
 
 def simulate(
