@@ -266,16 +266,21 @@ class OdinTrainer(Trainer):
         started = self._ahead.started if self._ahead is not None and self._ahead.step == step else set()
         self._ahead = None
         if self._may_run_ahead(step):
-            following = self.pipeline.datamanager.schedule.at(step + 1)
-            self._ahead = Ahead(step + 1, step_tasks(step + 1, following.tasks, self._camera, self.local_workers))
-        tasks = step_tasks(step, plan.tasks, self._camera, self.local_workers)
-        run_step(runtime, step, tasks, read_after, self._ahead, started)
+            self._ahead = Ahead(step + 1, self._local_tasks(step + 1))
+        run_step(runtime, step, self._local_tasks(step), read_after, self._ahead, started)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
         logged = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
         return loss, {"main_loss": loss}, self._odin_metrics(timeline=logged)
+
+    def _local_tasks(self, step: int) -> list[list]:
+        """The runtime tasks of this process's workers in schedule step ``step``, one list per local worker."""
+        from odin_nerfstudio.core.tasks import step_tasks
+
+        plan = self.pipeline.datamanager.schedule.at(step)
+        return step_tasks(step, plan.tasks, self._camera, self.local_workers)
 
     def _may_run_ahead(self, step: int) -> bool:
         """Whether step ``step``'s workers may run step + 1's tasks (``--run-ahead``): not at the last step, nor
@@ -357,14 +362,11 @@ class OdinTrainer(Trainer):
 
         A run stopped from the viewer may have run tasks of the next step ahead: that step is finished first, so the
         last checkpoint holds a whole step's state and names it."""
-        from odin_nerfstudio.core.tasks import step_tasks
         from odin_nerfstudio.drivers.step_loop import run_step
 
         if self._ahead is not None and self._ahead.started:
             ahead, self._ahead = self._ahead, None
-            plan = self.pipeline.datamanager.schedule.at(ahead.step)
-            tasks = step_tasks(ahead.step, plan.tasks, self._camera, self.local_workers)
-            run_step(self.runtime, ahead.step, tasks, started=ahead.started)
+            run_step(self.runtime, ahead.step, self._local_tasks(ahead.step), started=ahead.started)
             self.step = ahead.step
         self._settle()
         if self.world_size > 1:
