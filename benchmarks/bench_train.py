@@ -7,7 +7,8 @@ Quality-first must end at the barrier's model; throughput-first may admit bounde
 
 Variants (one flag each, the same code): the paper's controls, ``ddp`` (DDP-style dense barrier: every row read,
 dense update and Adam), ``barrier`` (locality without overlap: the RLG schedule behind a barrier),
-``quality-random`` (overlap without locality: quality-first on a seeded random order), ``hogwild`` (no
+``quality-random`` (overlap without locality: quality-first on a seeded random order), ``quality-no-priority``
+(quality-first without priority publication, to show what it buys), ``hogwild`` (no
 synchronization of reads), and Odin's ``quality`` and ``throughput`` (the paper's t = 0.2, K = 4).
 
 Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
@@ -64,6 +65,7 @@ VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
     "quality": ("--runtime.mode", "quality"),
+    "quality-no-priority": ("--runtime.mode", "quality", "--runtime.priority-publication", "False"),
     "quality-random": ("--runtime.mode", "quality", "--pipeline.datamanager.schedule-order", "random"),
     "throughput": ("--runtime.mode", "throughput"),
     "hogwild": ("--runtime.mode", "hogwild"),
@@ -309,6 +311,10 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
             f"{stale.admitted}, {stale.kept}; {stale.max_staleness} ({mean_staleness:.1f})",
         ),
         ("tasks run ahead (next step's, while this one waited)", str(sum(c["ran_ahead"] for c in run.counters))),
+        (
+            "priority publication: steps published in two parts; reads of a first part before the rest",
+            f"{sum(c.get('first_publications', 0) for c in run.counters)}; {sum(c.get('early_reads', 0) for c in run.counters)}",
+        ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),
         ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.typical.psnr - 1:+.1%}"),

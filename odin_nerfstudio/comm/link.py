@@ -8,13 +8,16 @@ compared on a fair stage. It is off by default (``--interconnect none``).
 
 The model, per exchange of step s: worker r's message leaves when r starts its exchange (``send_r``) and arrives
 everywhere at ``send_r + latency + bytes_r / bandwidth``, bytes_r being its sparse update's size
-(:attr:`~odin_nerfstudio.core.sparse.SparseUpdate.nbytes`: rows, gradient rows, statistics). The exchange is
-delivered on every worker at the latest arrival, as a collective completes everywhere once every part has crossed.
+(:attr:`~odin_nerfstudio.core.sparse.SparseUpdate.nbytes`: rows, gradient rows, statistics, and the rows it asks
+for first). The exchange is delivered on every worker at the latest arrival, as a collective completes everywhere
+once every part has crossed. Where workers asked for rows first, the message sends its rows and asked rows, then the
+asked-for gradient rows, then the rest: the first part is delivered at the latest ``send_r + latency + first_r /
+bandwidth``, first_r being worker r's bytes up to it (:attr:`~odin_nerfstudio.comm.transport.FirstPart.sent_bytes`).
 Messages do not contend for a link (a full-bisection network, one message per worker and exchange), which is the
 all-gather of two workers exactly and an optimistic bound for more.
 
 How, without the runtime knowing: :class:`LinkedTransport` wraps a worker's transport. At ``start_exchange`` it posts
-its message's modeled arrival time on a board shared by the workers (:class:`LocalBoard` in one process,
+its message's departure and modeled arrival on a board shared by the workers (:class:`LocalBoard` in one process,
 :class:`StoreBoard` on torch.distributed's key-value store, beside the collectives, never among them) and starts the
 real exchange at once. Its handle is done when the real exchange is done and the clock has passed the latest
 arrival; ``wait`` sleeps only for what remains of the modeled delay. Nothing sleeps at the start or in ``done``, so
@@ -38,7 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from odin_nerfstudio.comm.transport import ExchangeHandle, Transport, VirtualTransport
+from torch import Tensor
+
+from odin_nerfstudio.comm.transport import ExchangeHandle, FirstPart, Transport, VirtualTransport, asked_bytes
 from odin_nerfstudio.core.sparse import SparseUpdate
 
 Clock = Callable[[], float]
@@ -109,21 +114,26 @@ def link_preset(name: str) -> LinkModel | None:
     return PRESETS[name]
 
 
+Post = tuple[float, float]
+"""A worker's message of a step: when it left and when it arrives everywhere (seconds)."""
+
+
 class ArrivalBoard(Protocol):
-    """Where the workers of a run post when their message of a step arrives, and read when the last one does."""
+    """Where the workers of a run post when their message of a step leaves and arrives, and read every worker's."""
 
-    def post(self, step: int, worker: int, arrival_s: float) -> None:
-        """Worker ``worker``'s message of ``step`` arrives everywhere at ``arrival_s``."""
+    def post(self, step: int, worker: int, sent_s: float, arrival_s: float) -> None:
+        """Worker ``worker``'s message of ``step`` left at ``sent_s`` and arrives everywhere at ``arrival_s``."""
 
-    def delivery(self, step: int, worker: int) -> float:
-        """The latest arrival of ``step``'s messages; asked by each worker once, after every worker has posted."""
+    def posts(self, step: int, worker: int) -> list[Post]:
+        """Every worker's (sent, arrival) of ``step``, in worker order; asked by each worker once, after every
+        worker has posted."""
 
 
 class _Arrivals:
-    """The arrivals of one step's messages in one process."""
+    """The posts of one step's messages in one process."""
 
     def __init__(self, num_workers: int) -> None:
-        self.times: list[float | None] = [None] * num_workers
+        self.times: list[Post | None] = [None] * num_workers
         self.readers = 0
 
 
@@ -135,11 +145,11 @@ class LocalBoard:
         self._lock = threading.Lock()
         self._steps: dict[int, _Arrivals] = {}
 
-    def post(self, step: int, worker: int, arrival_s: float) -> None:
+    def post(self, step: int, worker: int, sent_s: float, arrival_s: float) -> None:
         with self._lock:
-            self._steps.setdefault(step, _Arrivals(self.num_workers)).times[worker] = arrival_s
+            self._steps.setdefault(step, _Arrivals(self.num_workers)).times[worker] = (sent_s, arrival_s)
 
-    def delivery(self, step: int, worker: int) -> float:
+    def posts(self, step: int, worker: int) -> list[Post]:
         with self._lock:
             arrivals = self._steps[step]
             if None in arrivals.times:
@@ -148,7 +158,7 @@ class LocalBoard:
             arrivals.readers += 1
             if arrivals.readers == self.num_workers:
                 del self._steps[step]
-            return max(arrivals.times)
+            return list(arrivals.times)
 
 
 class StoreBoard:
@@ -167,26 +177,30 @@ class StoreBoard:
     def _key(self, step: int, rank: int) -> str:
         return f"odin/link/{step}/{rank}"
 
-    def post(self, step: int, worker: int, arrival_s: float) -> None:
-        self._store.set(self._key(step, worker), repr(arrival_s))
+    def post(self, step: int, worker: int, sent_s: float, arrival_s: float) -> None:
+        self._store.set(self._key(step, worker), f"{sent_s!r} {arrival_s!r}")
 
-    def delivery(self, step: int, worker: int) -> float:
+    def posts(self, step: int, worker: int) -> list[Post]:
         keys = [self._key(step, rank) for rank in range(self.world_size)]
-        latest = max(float(value) for value in self._store.multi_get(keys))
+        posts = []
+        for value in self._store.multi_get(keys):
+            sent, arrival = (float(part) for part in bytes(value).decode().split())
+            posts.append((sent, arrival))
         if self._store.add(f"odin/link/{step}/read", 1) == self.world_size:
             for key in [*keys, f"odin/link/{step}/read"]:
                 self._store.delete_key(key)
-        return latest
+        return posts
 
 
 class LinkedHandle:
-    """An exchange in flight on a modeled link: done once the real exchange is done and its delivery time passed."""
+    """An exchange in flight on a modeled link: done once the real exchange is done and its delivery time passed;
+    its first part (where a worker asked for rows first) once that part is in and its own delivery time passed."""
 
     def __init__(self, inner: ExchangeHandle, step: int, transport: LinkedTransport) -> None:
         self.step = step
         self.inner = inner
         self._transport = transport
-        self._delivery: float | None = None
+        self._posts: list[Post] | None = None
 
     @property
     def bytes(self) -> Any:
@@ -194,11 +208,24 @@ class LinkedHandle:
         transport that does not count them, such as the in-process one)."""
         return getattr(self.inner, "bytes", None)
 
+    def _board(self) -> list[Post]:
+        """Every worker's (sent, arrival), read once: the real exchange (or its first part) must be in, so every
+        worker has posted."""
+        if self._posts is None:
+            self._posts = self._transport.board.posts(self.step, self._transport.worker)
+        return self._posts
+
     def delivery_s(self) -> float:
         """When the modeled link delivers this exchange (on the transport's clock); the real exchange must be done."""
-        if self._delivery is None:
-            self._delivery = self._transport.board.delivery(self.step, self._transport.worker)
-        return self._delivery
+        return max(arrival for _, arrival in self._board())
+
+    def first_delivery_s(self, first: FirstPart) -> float:
+        """When the modeled link delivers the first part: every worker's message up to it (``first.sent_bytes``)
+        has crossed, each from when it left."""
+        if first.sent_bytes is None:
+            return self.delivery_s()
+        link = self._transport.link
+        return max(sent + link.delay_s(n) for (sent, _), n in zip(self._board(), first.sent_bytes, strict=True))
 
     def done(self) -> bool:
         """Never blocks: the real exchange is done and the clock has passed the modeled delivery."""
@@ -208,19 +235,37 @@ class LinkedHandle:
 
     def wait(self, timeout: float) -> SparseUpdate:
         """The merged update, once delivered; raises ``TimeoutError`` if that is more than ``timeout`` away."""
-        clock = self._transport.clock
-        start = clock()
+        start = self._transport.clock()
         merged = self.inner.wait(timeout)
-        remaining = self.delivery_s() - clock()
+        self._sleep_until(self.delivery_s(), start, timeout, "exchange")
+        return merged
+
+    def first(self) -> FirstPart | None:
+        """Never blocks: the first part once in and delivered by the modeled link."""
+        first = self.inner.first()
+        if first is None or self._transport.clock() < self.first_delivery_s(first):
+            return None
+        return first
+
+    def wait_first(self, timeout: float) -> FirstPart:
+        """The first part, once delivered; raises ``TimeoutError`` if that is more than ``timeout`` away."""
+        start = self._transport.clock()
+        first = self.inner.wait_first(timeout)
+        self._sleep_until(self.first_delivery_s(first), start, timeout, "first part")
+        return first
+
+    def _sleep_until(self, delivery: float, start: float, timeout: float, what: str) -> None:
+        """Sleep until ``delivery`` (the clock's seconds); raise if it lies past the wait's ``timeout``."""
+        clock = self._transport.clock
+        remaining = delivery - clock()
         if remaining > 0:
             left = timeout - (clock() - start)
             if remaining > left:
                 raise TimeoutError(
-                    f"exchange of step {self.step}: the modeled link ({self._transport.link.name}) delivers in "
+                    f"{what} of step {self.step}: the modeled link ({self._transport.link.name}) delivers in "
                     f"{remaining:.3g} s, more than the {max(left, 0.0):.3g} s left of the wait"
                 )
             self._transport.sleep(remaining)
-        return merged
 
 
 class LinkedTransport:
@@ -251,10 +296,12 @@ class LinkedTransport:
         self.clock = clock
         self.sleep = sleep
 
-    def start_exchange(self, step: int, local_update: SparseUpdate) -> LinkedHandle:
-        """Post the message's arrival (now + its modeled delay), then start the real exchange; never blocks."""
-        self.board.post(step, self.worker, self.clock() + self.link.delay_s(local_update.nbytes))
-        return LinkedHandle(self.inner.start_exchange(step, local_update), step, self)
+    def start_exchange(self, step: int, local_update: SparseUpdate, first: Tensor | None = None) -> LinkedHandle:
+        """Post the message's departure and arrival (now + its modeled delay; its bytes: the update and the rows it
+        asks for first), then start the real exchange; never blocks."""
+        now, nbytes = self.clock(), local_update.nbytes + asked_bytes(first)
+        self.board.post(step, self.worker, now, now + self.link.delay_s(nbytes))
+        return LinkedHandle(self.inner.start_exchange(step, local_update, first), step, self)
 
 
 def linked_virtual(

@@ -51,6 +51,13 @@ Every wait has a timeout and its error names what it waited for.
   by tests/comm/test_exchange_choice.py, not tested on NCCL). Force ``sparse`` where W > 2 runs must match the
   in-process run bit for bit.
 
+- Rows asked for first (the runtime's priority publication): ``start_exchange(step, update, first)`` names rows
+  a rank wants before the rest. Where any rank asks, the asked rows travel in the int64 message as runs of
+  consecutive rows (:func:`runs_of`), then (unless the exchange is dense, whose first part comes with the whole
+  update) P = U n the asked rows is known on every rank, each rank's gradient rows of P are all-gathered and
+  summed in rank order (:meth:`DistributedTransport._first`, bit for bit the sums the whole exchange gives them),
+  delivered as the handle's :class:`FirstPart`, and the rest travel by the chosen exchange without them.
+
 A rank with no task in a step still sends its empty update.
 """
 
@@ -70,8 +77,71 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from odin_nerfstudio.core.conflicts import union_sorted
-from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
+from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
+from odin_nerfstudio.core.sparse import SparseUpdate, joined, restricted, sum_in_order, tensor_bytes
+
+
+@dataclass(frozen=True)
+class FirstPart:
+    """What a step's exchange delivers before the rest when some worker asked for rows first (the design's
+    priority publication): every row the step writes, and the asked-for ones among them with their gradients.
+
+    Attributes:
+        rows: U, every row the step's merged update holds, sorted int64 [R].
+        update: P = U n (every worker's asked rows), its gradients summed in worker order, as in the merged
+            update, bit for bit; no statistics.
+        sent_bytes: per worker, the bytes of its message up to and with this part (its rows, its asked rows, its
+            gradient rows of P), for the interconnect model; None where the part came with the whole update (the
+            dense exchange sends no rows ahead of the gradients).
+    """
+
+    rows: Tensor
+    update: SparseUpdate
+    sent_bytes: tuple[int, ...] | None
+
+
+def first_part(
+    rows: Sequence[Tensor], asked: Sequence[Tensor | None], merged: SparseUpdate | None, template: dict[str, Tensor]
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """U, P and per worker the mask of its rows in P, from each worker's rows [R_w] and asked rows (None: none).
+
+    ``merged`` (optional) is the merged update, whose rows are U already."""
+    device = next(iter(template.values())).device
+    union = merged.rows if merged is not None else union_sorted(list(rows), device)
+    wanted = union_sorted([a for a in asked if a is not None and a.numel()], device)
+    first = union[isin_sorted(union, wanted)]
+    return union, first, [isin_sorted(worker_rows, first) for worker_rows in rows]
+
+
+def runs_of(rows: Tensor) -> Tensor:
+    """Sorted unique rows as their runs of consecutive rows, [start_0, end_0, start_1, end_1, ...] int64 [2 R]
+    (ends exclusive): how asked rows travel (in the model's Z-order a view's candidate set is a few runs)."""
+    if rows.numel() == 0:
+        return rows
+    breaks = torch.nonzero(rows[1:] != rows[:-1] + 1).flatten() + 1
+    starts = torch.cat([rows[:1], rows[breaks]])
+    ends = torch.cat([rows[breaks - 1] + 1, rows[-1:] + 1])
+    return torch.stack([starts, ends], dim=1).flatten()
+
+
+def rows_of_runs(runs: Tensor) -> Tensor:
+    """The sorted rows of :func:`runs_of`'s runs."""
+    if runs.numel() == 0:
+        return runs
+    starts, ends = runs.view(-1, 2).unbind(1)
+    lengths = ends - starts
+    shift = torch.repeat_interleave(starts - (torch.cumsum(lengths, 0) - lengths), lengths)
+    return torch.arange(int(lengths.sum()), dtype=runs.dtype, device=runs.device) + shift
+
+
+def asked_bytes(first: Tensor | None) -> int:
+    """Bytes the rows a worker asks for first take in its message (as runs)."""
+    return 0 if first is None else tensor_bytes(runs_of(first))
+
+
+def row_bytes(template: dict[str, Tensor]) -> int:
+    """Bytes of one packed gradient row (every parameter's trailing shape)."""
+    return sum(math.prod(ref.shape[1:]) * ref.element_size() for ref in template.values())
 
 
 class ExchangeHandle(Protocol):
@@ -83,12 +153,21 @@ class ExchangeHandle(Protocol):
     def wait(self, timeout: float) -> SparseUpdate:
         """The merged update; raises ``TimeoutError`` naming the step and the missing workers."""
 
+    def first(self) -> FirstPart | None:
+        """Never blocks: the :class:`FirstPart` once it has arrived, else None (always None where no worker asked
+        for rows first)."""
+
+    def wait_first(self, timeout: float) -> FirstPart:
+        """The :class:`FirstPart` (some worker asked for rows first); raises ``TimeoutError`` naming the step."""
+
 
 class Transport(Protocol):
     """One worker's end of the exchange."""
 
-    def start_exchange(self, step: int, local_update: SparseUpdate) -> ExchangeHandle:
-        """Send this worker's update of ``step``; exchanges are started in step order on every worker."""
+    def start_exchange(self, step: int, local_update: SparseUpdate, first: Tensor | None = None) -> ExchangeHandle:
+        """Send this worker's update of ``step``; exchanges are started in step order on every worker. ``first``
+        (sorted int64 [Q], possibly empty): rows this worker asks every worker to send first (a :class:`FirstPart`
+        then arrives before the rest); every worker of a run passes it, or none does."""
 
 
 class _Exchange:
@@ -97,19 +176,38 @@ class _Exchange:
     def __init__(self, step: int, num_workers: int, condition: threading.Condition) -> None:
         self.step = step
         self.contributions: list[SparseUpdate | None] = [None] * num_workers
+        self.asked: list[Tensor | None] = [None] * num_workers
         self.merged: SparseUpdate | None = None
+        self.first: FirstPart | None = None
         self._condition = condition
 
     def missing(self) -> list[int]:
         return [w for w, c in enumerate(self.contributions) if c is None]
 
-    def contribute(self, worker: int, update: SparseUpdate, template: dict[str, Tensor]) -> None:
+    def contribute(
+        self, worker: int, update: SparseUpdate, template: dict[str, Tensor], first: Tensor | None
+    ) -> None:
         if self.contributions[worker] is not None:
             raise RuntimeError(f"worker {worker} started the exchange of step {self.step} twice")
         self.contributions[worker] = update
+        self.asked[worker] = first
         if not self.missing():
             self.merged = sum_in_order(self.contributions, template)
+            if any(a is not None for a in self.asked):
+                self.first = self._first_part(template)
             self._condition.notify_all()
+
+    def _first_part(self, template: dict[str, Tensor]) -> FirstPart:
+        """The merged update's asked-for rows (its sums, so the same bits) and each worker's bytes up to them."""
+        rows = [c.rows for c in self.contributions]
+        union, first, masks = first_part(rows, self.asked, self.merged, template)
+        update = restricted(self.merged, isin_sorted(union, first))
+        width = row_bytes(template)
+        sent = tuple(
+            tensor_bytes(r) + asked_bytes(a) + width * int(m.sum())
+            for r, a, m in zip(rows, self.asked, masks, strict=True)
+        )
+        return FirstPart(union, update, sent)
 
 
 class VirtualHandle:
@@ -132,6 +230,16 @@ class VirtualHandle:
                 )
             return self._exchange.merged
 
+    def first(self) -> FirstPart | None:
+        with self._condition:
+            return self._exchange.first
+
+    def wait_first(self, timeout: float) -> FirstPart:
+        self.wait(timeout)
+        if self._exchange.first is None:
+            raise RuntimeError(f"exchange of step {self._exchange.step}: no worker asked for rows first")
+        return self._exchange.first
+
 
 class VirtualEndpoint:
     """Worker ``worker``'s end of a :class:`VirtualTransport`."""
@@ -140,8 +248,8 @@ class VirtualEndpoint:
         self._transport = transport
         self.worker = worker
 
-    def start_exchange(self, step: int, local_update: SparseUpdate) -> VirtualHandle:
-        return self._transport.contribute(step, self.worker, local_update)
+    def start_exchange(self, step: int, local_update: SparseUpdate, first: Tensor | None = None) -> VirtualHandle:
+        return self._transport.contribute(step, self.worker, local_update, first)
 
 
 class VirtualTransport:
@@ -162,11 +270,12 @@ class VirtualTransport:
         """The transport as worker ``worker`` sees it."""
         return VirtualEndpoint(self, worker)
 
-    def contribute(self, step: int, worker: int, update: SparseUpdate) -> VirtualHandle:
-        """Add ``worker``'s update to the exchange of ``step``; its handle completes when all W have."""
+    def contribute(self, step: int, worker: int, update: SparseUpdate, first: Tensor | None = None) -> VirtualHandle:
+        """Add ``worker``'s update (and the rows it asks for first) to the exchange of ``step``; its handle
+        completes when all W have."""
         with self._condition:
             exchange = self._exchanges.setdefault(step, _Exchange(step, self.num_workers, self._condition))
-            exchange.contribute(worker, update, self.template)
+            exchange.contribute(worker, update, self.template, first)
             if exchange.merged is not None:
                 del self._exchanges[step]
             return VirtualHandle(exchange, self._condition)
@@ -200,13 +309,16 @@ class StatsLayout:
 
 @dataclass(frozen=True)
 class _Sizes:
-    """What one rank sends in a step: sparse rows, statistics entries (all its tasks), tasks with statistics, and
-    its span (its largest row + 1, 0 without rows: the dense exchange covers rows [0, the largest span))."""
+    """What one rank sends in a step: sparse rows, statistics entries (all its tasks), tasks with statistics, its
+    span (its largest row + 1, 0 without rows: the dense exchange covers rows [0, the largest span)), the rows it
+    asks for first and whether it asks (1) or not (0)."""
 
     rows: int
     entries: int
     tasks: int
     span: int
+    asked: int = 0
+    asks: int = 0
 
 
 def _entries(stats: dict[str, Tensor]) -> int:
@@ -214,10 +326,12 @@ def _entries(stats: dict[str, Tensor]) -> int:
     return next(iter(stats.values())).shape[0]
 
 
-def _sizes_of(update: SparseUpdate) -> list[int]:
-    """[rows, statistics entries, tasks with statistics, span] of a local update (the header every rank gathers)."""
+def _sizes_of(update: SparseUpdate, first: Tensor | None) -> list[int]:
+    """[rows, statistics entries, tasks with statistics, span, asked rows, asks] of a local update and the rows it
+    asks for first (the header every rank gathers)."""
     span = int(update.rows[-1]) + 1 if update.rows.numel() else 0
-    return [update.rows.numel(), sum(_entries(s) for s in update.stats), len(update.stats), span]
+    asked = 0 if first is None else runs_of(first).numel()
+    return [update.rows.numel(), sum(_entries(s) for s in update.stats), len(update.stats), span, asked, int(first is not None)]
 
 
 def _padded(tensor: Tensor, length: int) -> Tensor:
@@ -249,14 +363,23 @@ def _concat(update: SparseUpdate, name: str, dtype: torch.dtype, device: torch.d
     return torch.cat([torch.empty(0, dtype=dtype, device=device), *(s[name].to(dtype) for s in update.stats)])
 
 
-def _pack_indices(update: SparseUpdate, layout: StatsLayout, longest: _Sizes, device: torch.device) -> Tensor:
-    """The int64 part of a rank's message, [longest rows + entries x int statistics + tasks]: its rows, each int64
-    statistic (task after task) and each task's entry count, each padded to the longest of any rank (``longest``
-    is the message's lengths: its rows are 0 where the rows do not travel)."""
+def _pack_indices(
+    update: SparseUpdate, first: Tensor | None, layout: StatsLayout, longest: _Sizes, device: torch.device
+) -> Tensor:
+    """The int64 part of a rank's message, [longest rows + entries x int statistics + tasks + asked]: its rows,
+    each int64 statistic (task after task), each task's entry count and the rows it asks for first, each padded to
+    the longest of any rank (``longest`` is the message's lengths: its rows are 0 where the rows do not travel)."""
     lengths = torch.tensor([_entries(s) for s in update.stats], dtype=torch.int64, device=device)
     stats = [_padded(_concat(update, name, torch.int64, device), longest.entries) for name in layout.index_names]
     rows = update.rows if longest.rows else update.rows[:0]  # the dense exchange sends no rows (longest.rows = 0)
-    return torch.cat([_padded(rows, longest.rows), *stats, _padded(lengths, longest.tasks)])
+    asked = update.rows[:0] if first is None else runs_of(first)
+    return torch.cat([_padded(rows, longest.rows), *stats, _padded(lengths, longest.tasks), _padded(asked, longest.asked)])
+
+
+def _asked_rows(indices: Tensor, layout: StatsLayout, size: _Sizes, longest: _Sizes) -> Tensor:
+    """The rows one rank asked for first, from its gathered int64 message (where they travel as runs)."""
+    offset = longest.rows + longest.entries * len(layout.index_names) + longest.tasks
+    return rows_of_runs(indices[offset : offset + size.asked])
 
 
 def _pack_stat_values(update: SparseUpdate, layout: StatsLayout, longest: _Sizes, device: torch.device) -> Tensor:
@@ -313,7 +436,7 @@ class _Shape:
         message with (without) the rows' padding, N the largest span, 4 the gradients' element size.
         """
         longest = _longest(sizes)
-        header = self.all_gather(4 * 8)
+        header = self.all_gather(len(dataclasses.fields(_Sizes)) * 8)
         index_columns = longest.entries * len(self.layout.index_names) + longest.tasks
         values = 0
         if longest.entries and self.layout.value_names:
@@ -372,13 +495,18 @@ class DistributedHandle:
     (a failed or timed-out collective) once it has one.
     """
 
-    def __init__(self, transport: DistributedTransport, step: int, local_update: SparseUpdate) -> None:
+    def __init__(
+        self, transport: DistributedTransport, step: int, local_update: SparseUpdate, asked: Tensor | None = None
+    ) -> None:
         self.step = step
         self._transport = transport
         self.local_update: SparseUpdate | None = local_update
+        self.asked: Tensor | None = asked
+        """The rows this rank asks for first (None: it asks for none)."""
+        self.first_part: FirstPart | None = None
         self.part = "row counts"
         """What the exchange waits for now (for the errors): "row counts" (its header, or an earlier exchange
-        ahead of it), "sparse rows" (indices and statistics), "gradient rows"."""
+        ahead of it), "sparse rows" (indices and statistics), "first rows", "gradient rows"."""
         self.merged: SparseUpdate | None = None
         self.error: BaseException | None = None
         self.bytes: ExchangeBytes | None = None
@@ -402,6 +530,28 @@ class DistributedHandle:
             if not finished:
                 raise TimeoutError(f"waited {timeout:.3g} s for {self.what(self.part)}")
             return self.merged
+
+    def first(self) -> FirstPart | None:
+        """Never blocks: the first part once in; raises the progress thread's error."""
+        with self._transport.condition:
+            if self.error is not None:
+                raise self.error
+            return self.first_part
+
+    def wait_first(self, timeout: float) -> FirstPart:
+        """The first part; raises ``TimeoutError`` naming the step and the part still missing after ``timeout``."""
+        with self._transport.condition:
+            finished = self._transport.condition.wait_for(
+                lambda: self.first_part is not None or self.merged is not None or self.error is not None,
+                timeout=max(timeout, 0.0),
+            )
+            if self.error is not None:
+                raise self.error
+            if not finished:
+                raise TimeoutError(f"waited {timeout:.3g} s for {self.what(self.part)}")
+            if self.first_part is None:
+                raise RuntimeError(f"exchange of step {self.step}: no rank asked for rows first")
+            return self.first_part
 
     def what(self, part: str) -> str:
         """What a wait of this exchange waits for, for its errors: the step, the part and the ranks."""
@@ -474,6 +624,7 @@ class DistributedTransport:
         self.timeout = timeout
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
         self.stats_layout = StatsLayout.of(stats_schema)
         self.choice = choice
         self.shape = _Shape(
@@ -496,8 +647,9 @@ class DistributedTransport:
         """The device of the gradients and of every message."""
         return next(iter(self.template.values())).device
 
-    def start_exchange(self, step: int, local_update: SparseUpdate) -> DistributedHandle:
-        """Queue this rank's update of ``step`` for the progress thread and return at once (never blocks).
+    def start_exchange(self, step: int, local_update: SparseUpdate, first: Tensor | None = None) -> DistributedHandle:
+        """Queue this rank's update of ``step`` (and the rows it asks for first) for the progress thread and return
+        at once (never blocks).
 
         Raises:
             ValueError: ``step`` is not after the last started step (exchanges start in step order).
@@ -507,7 +659,7 @@ class DistributedTransport:
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"exchange of step {step} started after step {self._last_step}: start them in step order")
         self._last_step = step
-        handle = DistributedHandle(self, step, local_update)
+        handle = DistributedHandle(self, step, local_update, first)
         with self.condition:
             if self._error is not None or self._closed.is_set():
                 handle.error = self._error or RuntimeError(f"{handle.what('row counts')}: the transport is closed")
@@ -546,7 +698,7 @@ class DistributedTransport:
                 error = failure
             else:
                 with self.condition:
-                    handle.merged, handle.bytes, handle.local_update = merged, spent, None
+                    handle.merged, handle.bytes, handle.local_update, handle.asked = merged, spent, None, None
                     self._in_flight.remove(handle)
                     self.condition.notify_all()
                 continue
@@ -559,23 +711,28 @@ class DistributedTransport:
             return
 
     def _exchange(self, handle: DistributedHandle) -> tuple[SparseUpdate, ExchangeBytes]:
-        """One exchange, from the header to the merge (in the progress thread)."""
+        """One exchange, from the header to the merge (in the progress thread). Where some rank asks for rows
+        first, the rows always travel and, once they have, the asked-for rows' gradients go first
+        (:meth:`_first`); the rest then travel by the chosen exchange without them."""
         update, shape, layout = handle.local_update, self.shape, self.stats_layout
         issued: list[tuple[str, int]] = []
-        header = torch.tensor(_sizes_of(update), dtype=torch.int64, device=self.device)
+        header = torch.tensor(_sizes_of(update, handle.asked), dtype=torch.int64, device=self.device)
         headers, work = self._all_gather(header, issued)
         self._wait(work, handle, "row counts")
         sizes = [_Sizes(*values) for values in torch.stack(headers).tolist()]
         longest = _longest(sizes)
+        asks = bool(longest.asks)
         predicted = shape.predict(sizes, estimated_union(sizes))
         choice = self.choice
         if choice == "auto" and predicted["dense"] < min(predicted["sparse"], predicted["union"]):
             choice = "dense"
-        # The int64 message: rows (unless dense), int statistics, tasks' entry counts; then the statistics' values.
+        # The int64 message: rows (unless dense), int statistics, tasks' entry counts, asked rows (as runs); then
+        # the statistics' values. The dense exchange sends no rows ahead of the gradients: its first part comes
+        # with the whole update.
         lengths = dataclasses.replace(longest, rows=0) if choice == "dense" else longest
         works, indices, values = [], None, None
-        if lengths.rows or lengths.tasks:
-            indices, work = self._all_gather(_pack_indices(update, layout, lengths, self.device), issued)
+        if lengths.rows or lengths.tasks or lengths.asked:
+            indices, work = self._all_gather(_pack_indices(update, handle.asked, layout, lengths, self.device), issued)
             works.append(work)
         if longest.entries and layout.value_names:
             values, work = self._all_gather(_pack_stat_values(update, layout, longest, self.device), issued)
@@ -583,23 +740,78 @@ class DistributedTransport:
         for work in works:
             self._wait(work, handle, "sparse rows")
         stats = self._stats(sizes, lengths, indices, values)
+        packed, rows = _pack(update, self.template), update.rows
+        rank_rows = None  # every rank's rows, where they travelled
+        if lengths.rows or choice != "dense":
+            empty = rows.new_empty(0)
+            rank_rows = [empty if indices is None else indices[r][: size.rows] for r, size in enumerate(sizes)]
+        first, asked = None, None
+        if asks:
+            asked = [rows[:0] if indices is None else _asked_rows(indices[r], layout, size, lengths) for r, size in enumerate(sizes)]
+        if asks and choice != "dense":
+            first, masks = self._first(handle, rank_rows, asked, sizes, packed, issued)
+            rank_rows = [ranks_rows[~mask] for ranks_rows, mask in zip(rank_rows, masks, strict=True)]
+            rows, packed = rows[~masks[self.rank]], packed[~masks[self.rank]]
         union = None
         if choice != "dense":
-            union = _union_rows(indices, sizes, self.device)
-            predicted = shape.predict(sizes, union.numel())
+            union = union_sorted(rank_rows, self.device)
+            rest = [dataclasses.replace(size, rows=r.numel()) for size, r in zip(sizes, rank_rows, strict=True)]
+            predicted = shape.predict(rest, union.numel())
             if choice == "auto":
                 choice = "union" if predicted["union"] < predicted["sparse"] else "sparse"
         handle.part = "gradient rows"
-        packed = _pack(update, self.template)
         if choice == "sparse":
-            merged = self._sparse(handle, sizes, longest, indices, packed, stats, issued)
+            merged = self._sparse(handle, rank_rows, packed, stats, issued)
         elif choice == "union":
-            merged = self._union(handle, update.rows, union, packed, stats, issued)
+            merged = self._union(handle, rows, union, packed, stats, issued)
         else:
-            merged = self._dense(handle, update.rows, longest.span, packed, stats, issued)
+            span = longest.span if rank_rows is None else max((int(r[-1]) + 1 for r in rank_rows if r.numel()), default=0)
+            merged = self._dense(handle, rows, span, packed, stats, issued)
+        if first is not None:
+            merged = joined([first.update, merged], stats)
+        elif asks:
+            _, chosen, _ = first_part([merged.rows], asked, merged, self.template)
+            part = FirstPart(merged.rows, restricted(merged, isin_sorted(merged.rows, chosen)), None)
+            with self.condition:
+                handle.first_part = part
         counted = sum(shape.all_gather(n) if kind == "all_gather" else shape.all_reduce(n) for kind, n in issued)
         spent = ExchangeBytes(choice, predicted, union is not None, counted, counted, tuple(issued))
         return merged, spent
+
+    def _first(
+        self,
+        handle: DistributedHandle,
+        rank_rows: list[Tensor],
+        asked: list[Tensor],
+        sizes: list[_Sizes],
+        packed: Tensor,
+        issued: list[tuple[str, int]],
+    ) -> tuple[FirstPart, list[Tensor]]:
+        """Gather every rank's gradient rows of P (U n every rank's asked rows), sum them in rank order, and
+        deliver them as the handle's :class:`FirstPart`; returns it and per rank the mask of its rows in P."""
+        union, first, masks = first_part(rank_rows, asked, None, self.template)
+        counts = [int(mask.sum()) for mask in masks]
+        handle.part = "first rows"
+        if max(counts, default=0):
+            gathered, work = self._all_gather(_padded(packed[masks[self.rank]], max(counts)), issued)
+            self._wait(work, handle, "first rows")
+            parts = [
+                _unpack(r[mask], gathered[rank][:count], self.template)
+                for rank, (r, mask, count) in enumerate(zip(rank_rows, masks, counts, strict=True))
+            ]
+            update = sum_in_order(parts, self.template)
+        else:
+            update = _unpack(first, packed[:0], self.template)
+        width = row_bytes(self.template)
+        sent = tuple(
+            tensor_bytes(r) + 8 * size.asked + width * count
+            for r, size, count in zip(rank_rows, sizes, counts, strict=True)
+        )
+        part = FirstPart(union, update, sent)
+        with self.condition:
+            handle.first_part = part
+            self.condition.notify_all()
+        return part, masks
 
     def _stats(
         self, sizes: list[_Sizes], lengths: _Sizes, indices: list[Tensor] | None, values: list[Tensor] | None
@@ -618,22 +830,18 @@ class DistributedTransport:
     def _sparse(
         self,
         handle: DistributedHandle,
-        sizes: list[_Sizes],
-        longest: _Sizes,
-        indices: list[Tensor] | None,
+        rank_rows: list[Tensor],
         packed: Tensor,
         stats: tuple[dict[str, Tensor], ...],
         issued: list[tuple[str, int]],
     ) -> SparseUpdate:
         """(a) All-gather every rank's gradient rows padded to the longest, summed in rank order (``sum_in_order``)."""
-        if longest.rows == 0:
+        longest = max(r.numel() for r in rank_rows)
+        if longest == 0:
             return dataclasses.replace(_unpack(packed.new_empty(0, dtype=torch.int64), packed, self.template), stats=stats)
-        gathered, work = self._all_gather(_padded(packed, longest.rows), issued)
+        gathered, work = self._all_gather(_padded(packed, longest), issued)
         self._wait(work, handle, "gradient rows")
-        updates = [
-            _unpack(indices[rank][: size.rows], gathered[rank][: size.rows], self.template)
-            for rank, size in enumerate(sizes)
-        ]
+        updates = [_unpack(r, gathered[rank][: r.numel()], self.template) for rank, r in enumerate(rank_rows)]
         return dataclasses.replace(sum_in_order(updates, self.template), stats=stats)
 
     def _union(
@@ -703,13 +911,6 @@ class DistributedTransport:
         """Start an async all_reduce (sum) of ``tensor`` in place, noted in ``issued``; returns the work."""
         issued.append(("all_reduce", tensor_bytes(tensor)))
         return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-
-
-def _union_rows(indices: list[Tensor] | None, sizes: list[_Sizes], device: torch.device) -> Tensor:
-    """U, the sorted union of every rank's rows, from the gathered int64 messages."""
-    if indices is None:
-        return torch.empty(0, dtype=torch.int64, device=device)
-    return union_sorted([indices[rank][: size.rows] for rank, size in enumerate(sizes)], device)
 
 
 def _longest(sizes: Sequence[_Sizes]) -> _Sizes:

@@ -64,13 +64,16 @@ class SelectiveAdam(torch.optim.Optimizer):
         return state
 
     @torch.no_grad()
-    def step_rows(self, rows: Tensor, grads: list[Tensor]) -> list[Tensor]:
+    def step_rows(self, rows: Tensor, grads: list[Tensor], advance: bool = True, finish: bool = True) -> list[Tensor]:
         """Advance the global step and apply Adam to ``rows`` only.
 
         Args:
             rows: sorted, unique rows to update, int64 [M] (may be empty: the step still counts).
             grads: one gradient per parameter of the optimizer (in ``param_groups`` order), [M, ...] each,
                 aligned with ``rows``.
+            advance: whether this call advances the global step (False: a later part of a step published in
+                parts, the runtime's priority publication, at the step the first part advanced to).
+            finish: whether this call ends the step (runs the post-hooks; False: a first part).
 
         Returns:
             Per parameter, its new values on ``rows`` [M, ...] (what was just written; a caller that keeps
@@ -91,7 +94,8 @@ class SelectiveAdam(torch.optim.Optimizer):
                 grad = grads[index]
                 index += 1
                 state = self._state_of(param)
-                state["step"] += 1
+                if advance:
+                    state["step"] += 1
                 step = state["step"].item()
                 bias_correction1 = 1 - beta1**step
                 bias_correction2 = 1 - beta2**step
@@ -108,9 +112,10 @@ class SelectiveAdam(torch.optim.Optimizer):
                 state["exp_avg_sq"].index_copy_(0, rows, exp_avg_sq)
                 param.data.index_copy_(0, rows, value)
                 updated.append(value)
-        self._opt_called = True
-        for hook in list(self._optimizer_step_post_hooks.values()):
-            hook(self, (), {})
+        if finish:
+            self._opt_called = True
+            for hook in list(self._optimizer_step_post_hooks.values()):
+                hook(self, (), {})
         return updated
 
     def step(self, closure: None = None) -> None:  # type: ignore[override]

@@ -57,6 +57,19 @@ def densified(update: SparseUpdate, num_rows: int) -> SparseUpdate:
     return SparseUpdate(rows=rows, grads=grads, stats=update.stats)
 
 
+def restricted(update: SparseUpdate, keep: Tensor) -> SparseUpdate:
+    """The rows of ``update`` where ``keep`` (bool [M]) holds, with their gradients; no statistics."""
+    return SparseUpdate(rows=update.rows[keep], grads={name: grad[keep] for name, grad in update.grads.items()})
+
+
+def joined(parts: Sequence[SparseUpdate], stats: tuple[dict[str, Tensor], ...] = ()) -> SparseUpdate:
+    """Updates over disjoint rows as one, rows sorted (nothing is summed, so no bit changes), with ``stats``."""
+    rows = torch.cat([part.rows for part in parts])
+    order = torch.argsort(rows)
+    grads = {name: torch.cat([part.grads[name] for part in parts])[order] for name in parts[0].grads}
+    return SparseUpdate(rows=rows[order], grads=grads, stats=stats)
+
+
 def tensor_bytes(tensor: Tensor) -> int:
     """Bytes of one tensor's elements."""
     return tensor.numel() * tensor.element_size()

@@ -83,6 +83,7 @@ def publish_adam(
     seq: Tensor,
     priority: Tensor | None = None,
     use_locks: bool = True,
+    part: str = "whole",
 ) -> Tensor:
     """Selective Adam on ``rows`` of every parameter (``step_rows``), then each row's version advanced.
 
@@ -93,12 +94,13 @@ def publish_adam(
         seq: per row, its sequence word, int64 [N]; ``seq[rows] += 2``.
         priority: rows to publish first (sorted int64 [Q]); the values do not depend on the order.
         use_locks: ignored (one thread runs the reference).
+        part: "whole", "first" or "rest" (``ops.publish_adam``'s).
 
     Returns:
         Lock contention, int64 [1]: 0 (no other thread).
     """
     del priority, use_locks
     for name, optimizer in optimizers.items():
-        optimizer.step_rows(rows, [grads[name]])
+        optimizer.step_rows(rows, [grads[name]], advance=part != "rest", finish=part != "first")
     seq.index_add_(0, rows, torch.full_like(rows, 2))
     return torch.zeros(1, dtype=torch.int64, device=rows.device)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -156,12 +157,18 @@ def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor
     return SparseUpdate(rows=rows, grads=dict(zip(template, sums, strict=True)), stats=stats)
 
 
-def _advance(optimizer: SelectiveAdam) -> list[float]:
-    """Advance ``optimizer``'s global step as ``step_rows`` does; its Adam constants as the op's hyper row [6]."""
+PublicationPart = Literal["whole", "first", "rest"]
+"""Which part of a step's publication a ``publish_adam`` call is (see its ``part``)."""
+
+
+def _advance(optimizer: SelectiveAdam, advance: bool = True) -> list[float]:
+    """Advance ``optimizer``'s global step as ``step_rows`` does (unless not ``advance``); its Adam constants as
+    the op's hyper row [6]."""
     (group,) = optimizer.param_groups
     (param,) = group["params"]
     state = optimizer._state_of(param)
-    state["step"] += 1
+    if advance:
+        state["step"] += 1
     step = state["step"].item()  # the step counter is a CPU tensor (``_state_of``): no device synchronization
     beta1, beta2 = group["betas"]
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5
@@ -183,6 +190,7 @@ def publish_adam(
     seq: Tensor,
     priority: Tensor | None = None,
     use_locks: bool = True,
+    part: PublicationPart = "whole",
 ) -> Tensor:
     """Selective Adam on ``rows`` of every parameter fused with the version bump, each row locked while written.
 
@@ -194,6 +202,9 @@ def publish_adam(
         seq: per row, its sequence word, int64 [N]: ``seq[rows] += 2``, odd while the row is written.
         priority: rows a waiting reader needs, sorted int64 [Q]: published before the others (None: none).
         use_locks: False writes without taking the row locks (a debug switch for the stress test).
+        part: "whole" (a step's publication), or a step published in two calls: "first" (advances the global
+            step, runs no post-hook) then "rest" (at that step, runs the post-hooks); a row's values are the same
+            in whichever call it is.
 
     Returns:
         Lock contention, int64 [1] on ``rows``' device: failed try-acquires (another publisher held the row); 0 on
@@ -205,8 +216,9 @@ def publish_adam(
     if not compiled(rows.device) or any(
         t is None or not t.is_contiguous() or t.dtype != torch.float32 for t in tensors
     ):
-        return _torch_impl.publish_adam(optimizers, rows, grads, seq, priority, use_locks)
-    hyper = torch.tensor([_advance(optimizer) for optimizer in optimizers.values()], dtype=torch.float64)
+        return _torch_impl.publish_adam(optimizers, rows, grads, seq, priority, use_locks, part)
+    advance = part != "rest"
+    hyper = torch.tensor([_advance(optimizer, advance) for optimizer in optimizers.values()], dtype=torch.float64)
     if priority is None:
         priority = torch.empty(0, dtype=torch.int64, device=rows.device)
     contention = torch.ops.odin.publish_adam(
@@ -220,6 +232,7 @@ def publish_adam(
         priority,
         use_locks,
     )
-    for optimizer in optimizers.values():
-        _stepped(optimizer)
+    if part != "first":
+        for optimizer in optimizers.values():
+            _stepped(optimizer)
     return contention

@@ -265,8 +265,11 @@ class OdinTrainer(Trainer):
             runtime.expect([task for tasks in step_tasks(step, plan.tasks, self._camera, remote) for task in tasks])
         started = self._ahead.started if self._ahead is not None and self._ahead.step == step else set()
         self._ahead = None
-        if self._may_run_ahead(step):
-            self._ahead = Ahead(step + 1, self._local_tasks(step + 1))
+        if step + 1 < self._start_step + self.config.max_num_iterations:
+            upcoming = self._local_tasks(step + 1)
+            runtime.upcoming([task for tasks in upcoming for task in tasks])
+            if self._may_run_ahead(step):
+                self._ahead = Ahead(step + 1, upcoming)
         run_step(runtime, step, self._local_tasks(step), read_after, self._ahead, started)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)

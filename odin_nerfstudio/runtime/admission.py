@@ -51,6 +51,9 @@ class AdmissionPolicy:
     reads_every_row: ClassVar[bool] = False
     """Whether a task reads (and its update covers) every row of the model instead of its culled C(t)."""
     validates: ClassVar[bool] = True
+    publishes_first: ClassVar[bool] = True
+    """Whether a step's exchange asks for the rows the next step's reads need first (priority publication): for
+    modes whose reads overlap an unpublished step."""
     """Whether a task's read is validated against the synchronous state before its update is exchanged."""
 
     @classmethod
@@ -93,6 +96,7 @@ class BarrierPolicy(AdmissionPolicy):
     """The reference: a global wait per step (step s reads once step s - 1 is published)."""
 
     mode = "barrier"
+    publishes_first = False
 
     def gate(self, task: Task, published_through: int, ring_slots: int) -> tuple[str, int] | None:
         """The ring, then "barrier" until step - 1 is published."""
@@ -201,6 +205,7 @@ class HogwildPolicy(AdmissionPolicy):
 
     mode = "hogwild"
     validates = False
+    publishes_first = False
 
     def admit_stale(
         self,

@@ -30,6 +30,9 @@ class OdinRuntimeConfig:
         near_plane: the rasterizer's near plane.
         wait_timeout_s: timeout of every blocking wait on the transport.
         record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).
+        priority_publication: ask, with each step's exchange, for the rows the next step's local tasks would read
+            (their candidate sets), and publish those first, as soon as they arrive (the design's priority
+            publication; quality and throughput only). The exchange then sends the rows before the gradients.
         spatial_order: keep the model's rows in the Z-order of their centres (``row_order.py``): permuted when the
             runtime is built and after every structural change, so that a view's rows are a few runs of
             consecutive rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
@@ -44,6 +47,7 @@ class OdinRuntimeConfig:
     near_plane: float = 0.01
     wait_timeout_s: float = 60.0
     record_reads: bool = False
+    priority_publication: bool = True
     spatial_order: bool = True
 
     def __post_init__(self) -> None:

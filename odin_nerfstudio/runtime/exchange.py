@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from odin_nerfstudio.comm.transport import ExchangeHandle, Transport
+from torch import Tensor
+
+from odin_nerfstudio.comm.transport import ExchangeHandle, FirstPart, Transport
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.shadow import RingSlot
@@ -31,6 +33,7 @@ class ExchangeBook:
         self.meter = meter
         self._handles: dict[int, dict[int, tuple[ExchangeHandle, int]]] = {}
         self._plans: dict[int, tuple[int, ...]] = {}
+        self._asked: set[int] = set()
 
     @property
     def num_workers(self) -> int:
@@ -66,11 +69,31 @@ class ExchangeBook:
         staged = sum(1 for key in slot.staged if key[1] == worker)
         return staged == self.tasks_of(slot.step, worker)
 
-    def start(self, step: int, worker: int, update: SparseUpdate) -> None:
-        """Send ``worker``'s update of ``step``."""
+    def start(self, step: int, worker: int, update: SparseUpdate, first: Tensor | None = None) -> None:
+        """Send ``worker``'s update of ``step``, asking for ``first`` (sorted int64 rows) first if given."""
         start = self.meter.timeline.now()
-        handle = self.meter.in_transport(self.transports[worker].start_exchange, step, update)
+        transport = self.transports[worker]
+        if first is None:
+            handle = self.meter.in_transport(transport.start_exchange, step, update)
+        else:
+            handle = self.meter.in_transport(transport.start_exchange, step, update, first)
+            self._asked.add(step)
         self._handles.setdefault(step, {})[worker] = (handle, start)
+
+    def asked(self, step: int) -> bool:
+        """Whether a local worker asked for rows first in ``step``'s exchange (a first part then comes)."""
+        return step in self._asked
+
+    def first(self, step: int) -> FirstPart | None:
+        """The first part of ``step``'s exchange once it has arrived (every local worker has sent), else None."""
+        if not self.all_sent(step):
+            return None
+        handle = self._handles[step][0][0]
+        return self.meter.in_transport(handle.first)
+
+    def wait_first(self, step: int, timeout: float) -> None:
+        """Block until the first part of ``step``'s exchange has arrived (every local worker has sent)."""
+        self.meter.in_transport(self._handles[step][0][0].wait_first, timeout)
 
     def all_sent(self, step: int) -> bool:
         """Whether every local worker has sent its part of ``step``."""
@@ -90,6 +113,7 @@ class ExchangeBook:
         """The merged update of ``step`` (every worker's part sent), its "comm" spans recorded; forgets the step."""
         handles = self._handles.pop(step)
         self._plans.pop(step, None)
+        self._asked.discard(step)
         merged = self.meter.in_transport(handles[0][0].wait, timeout)
         for worker, (_, comm_start) in sorted(handles.items()):
             self.meter.timeline.record("comm", worker, step, comm_start)

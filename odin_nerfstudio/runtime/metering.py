@@ -61,6 +61,9 @@ class RuntimeCounters:
             stays flat), also those of a read later re-run (``kept`` False).
         stale: every admitted stale read, counted (:class:`StaleTally`).
         publications: steps published.
+        first_publications: steps whose first part (the rows the next tasks asked for) was published ahead of
+            the rest (priority publication).
+        early_reads: reads that read rows of such a first part while the rest of its step was unpublished.
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
             publish), the outermost call only, less the render and backward of the re-runs they execute and
             less their time in the transport (``comm_ns``).
@@ -80,6 +83,8 @@ class RuntimeCounters:
     stale_reads: list[StaleRead] = field(default_factory=list)
     stale: StaleTally = field(default_factory=StaleTally)
     publications: int = 0
+    first_publications: int = 0
+    early_reads: int = 0
     bookkeeping_ns: int = 0
     render_ns: int = 0
     backward_ns: int = 0

@@ -12,18 +12,40 @@ refuses any other), which is what WAW asks, and every task of the publishing ste
 part is exchanged; a running task of a later step read copies (the Shadow Graph's gather), never the global
 rows, so a publication cannot overwrite what it read (WAR). ``core/conflicts.py`` keeps the checks for a future
 concurrent publication. See ``docs/architecture.md``.
+
+Priority publication (the design's "rows a waiting reader needs go first"): where the exchange delivers a first
+part (the rows the workers' next tasks asked for, ``comm/transport.py``'s :class:`FirstPart`), those rows are
+published as soon as it arrives (:meth:`Publisher.apply_first`), and the rest with the statistics once the whole
+update has (:meth:`Publisher.apply`). Adam is row-wise and both calls run at the same global step (the first
+advances it, the second runs the step's hooks), so every row gets the bits a whole publication gives it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
+from odin_nerfstudio.comm.transport import FirstPart
+from odin_nerfstudio.core.conflicts import isin_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
-from odin_nerfstudio.core.sparse import SparseUpdate
+from odin_nerfstudio.core.sparse import SparseUpdate, restricted
 from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
+
+
+@dataclass(frozen=True)
+class EarlyRows:
+    """A step whose first part is published ahead of the rest.
+
+    Attributes:
+        published: P, the rows already published, sorted int64 [P].
+        pending: U minus P, the step's writes still to come, sorted int64 [R].
+    """
+
+    published: Tensor
+    pending: Tensor
 
 
 class Publisher:
@@ -54,24 +76,39 @@ class Publisher:
         self.published_through = published_through
         self.record_rows = record_rows
         self.published_rows: dict[int, Tensor] = {}
+        self.early: dict[int, EarlyRows] = {}
+        """The next step, once its first part is published (until the rest is)."""
 
     def check_order(self, step: int) -> None:
         """Raise unless ``step`` is the next step to publish."""
         if step != self.published_through + 1:
             raise RuntimeError(f"publish({step}) out of order: last published step is {self.published_through}")
 
-    def apply(self, merged: SparseUpdate, seq: Tensor) -> tuple[Tensor, Tensor]:
-        """Selective Adam on ``merged.rows`` with their sequence words ``seq`` (int64 [N], the tables') advanced by
-        one version, then its tasks' statistics; returns the rows' new means [R, 3] and scales [R, 3] (for the
-        culling index)."""
+    def apply_first(self, step: int, first: FirstPart, seq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Publish the first part of ``step`` (the next step): selective Adam on its rows, which advances the
+        global step; returns the rows, their new means [P, 3] and scales [P, 3]."""
+        self.check_order(step)
+        rows = first.update.rows
+        ops.publish_adam(self.optimizers, rows, first.update.grads, seq, part="first")
+        self.early[step] = EarlyRows(rows, first.rows[~isin_sorted(first.rows, rows)])
+        means, scales = (self.params[name].detach().index_select(0, rows) for name in ("means", "scales"))
+        return rows, means, scales
+
+    def apply(self, step: int, merged: SparseUpdate, seq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Selective Adam on ``merged.rows`` (less those its first part published) with their sequence words
+        ``seq`` (int64 [N], the tables') advanced by one version, then its tasks' statistics; returns the rows
+        written, their new means [R, 3] and scales [R, 3] (for the culling index)."""
+        stats, early, part = merged.stats, self.early.pop(step, None), "whole"
+        if early is not None:
+            merged, part = restricted(merged, ~isin_sorted(merged.rows, early.published)), "rest"
         rows = merged.rows
-        ops.publish_adam(self.optimizers, rows, merged.grads, seq)
+        ops.publish_adam(self.optimizers, rows, merged.grads, seq, part=part)
         means, scales = (self.params[name].detach().index_select(0, rows) for name in ("means", "scales"))
         if self.strategy_state is not None:
             num_primitives = self.params["means"].shape[0]
-            for stats in merged.stats:
-                self.adapter.accumulate(self.strategy_state, stats, num_primitives)
-        return means, scales
+            for task_stats in stats:
+                self.adapter.accumulate(self.strategy_state, task_stats, num_primitives)
+        return rows, means, scales
 
     def done(self, step: int, rows: Tensor) -> None:
         """Step ``step`` is published (it wrote ``rows``, sorted int64 [R])."""

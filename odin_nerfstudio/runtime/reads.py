@@ -56,11 +56,14 @@ class ReadRecord:
         read_mark: the last published step when it read.
         admitted: per unpublished earlier step, the rows whose write by it the read may miss (throughput's
             admitted stale rows, sorted int64 [S] each); empty otherwise.
+        early: rows of step ``read_mark + 1`` already published when it read (that step's first part, sorted
+            int64 [P]), or None.
     """
 
     candidate: Tensor
     read_mark: int
     admitted: tuple[StepRows, ...] = ()
+    early: Tensor | None = None
 
     @property
     def stale_rows(self) -> Tensor:

@@ -15,7 +15,9 @@ The three hooks, and the names drivers call (``drivers/step_loop.py``):
    :meth:`finish` (render, backward, ``after_backward``).
 3. ``publish(step)``: once every worker's part has arrived, apply selective Adam to the union of active rows,
    advance their versions, free the slot. :meth:`progress` calls it for every complete exchange, and
-   :meth:`await_publication` after blocking on the next one (a remote rank).
+   :meth:`await_publication` after blocking on the next one (a remote rank). Rows a waiting reader needs go first
+   (:meth:`publish_first`): each exchange asks for the rows the next step's local tasks would read
+   (:meth:`upcoming`), and those are published as soon as they arrive, before the rest of the update.
 
 Structural changes run behind :meth:`drain`; :meth:`remap` carries the tables. One runtime holds W virtual workers,
 or one worker per rank (other ranks' writes are caught by validation or predicted with :meth:`expect`).
@@ -30,8 +32,8 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
-from odin_nerfstudio.comm.transport import Transport
-from odin_nerfstudio.core.conflicts import Conflicts, StepRows, raw, union_sorted
+from odin_nerfstudio.comm.transport import FirstPart, Transport
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import densified
@@ -45,7 +47,7 @@ from odin_nerfstudio.runtime.exchange import ExchangeBook
 from odin_nerfstudio.runtime.metering import Meter, bookkeeping
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.reads import EscapeCheck, Read, ReadRecord, RenderFn, VisibilityFn, Wait
-from odin_nerfstudio.runtime.shadow import ShadowGraph
+from odin_nerfstudio.runtime.shadow import RingSlot, ShadowGraph
 from odin_nerfstudio.runtime.validation import ReadLog, Validator, drawn_finder, escape_finder
 
 
@@ -105,6 +107,7 @@ class OdinRuntime:
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)
         self.publisher = Publisher(params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads)
+        self._upcoming: dict[int, list[Task]] = {}
 
     device = property(lambda self: self.params["means"].device, doc="The model's device (and every index's).")
     num_primitives = property(lambda self: self.params["means"].shape[0], doc="N, the rows of the model now.")
@@ -119,6 +122,18 @@ class OdinRuntime:
         writes (the rows they would draw, or C(t) without an escape check) count as pending writes of their step
         until it is published (``culling_index.RemoteTasks``)."""
         self.remote.expect(tasks)
+
+    def upcoming(self, tasks: Sequence[Task]) -> None:
+        """This process's tasks of a coming step: the exchange of the step before theirs asks for their candidate
+        sets (culled when it starts) first, and those rows are published as soon as they arrive
+        (:meth:`publish_first`). A request only: a read still waits for every row it conflicts with."""
+        for task in tasks:
+            self._upcoming.setdefault(task.step, []).append(task)
+
+    @property
+    def _publishes_first(self) -> bool:
+        """Whether exchanges ask for rows first: priority publication on, in a mode whose reads overlap."""
+        return self.config.priority_publication and self.policy.publishes_first
 
     def plan_step(self, step: int, tasks_per_worker: Sequence[int]) -> None:
         """Declare each worker's task count in a short ``step`` (a worker without one still sends an empty part)."""
@@ -137,8 +152,9 @@ class OdinRuntime:
         if gate is not None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return meter.count_wait(Wait(task, gate[0], gate[1], empty))
-        predicted = self.remote.writes(step, self.published_through)
-        writes = [slot.writes() for slot in self.shadow.open_slots() if slot.step < step] + predicted
+        early = self.publisher.early
+        predicted = [w for w in self.remote.writes(step, self.published_through) if w.step not in early]
+        writes = [self._pending(slot) for slot in self.shadow.open_slots() if slot.step < step] + predicted
         candidate, conflicts = self._candidates_and_conflicts(task, writes)
         admitted: tuple[StepRows, ...] = ()
         if conflicts.any:
@@ -149,6 +165,12 @@ class OdinRuntime:
             admitted, stale = admission
             meter.counters.count_stale(stale)
         return self._admit(task, candidate, admitted)
+
+    def _pending(self, slot: RingSlot) -> StepRows:
+        """The writes of an unpublished step: once its first part is published, exactly the rest of its rows (the
+        first part tells every row the step writes), else the local tasks' candidate and active sets."""
+        early = self.publisher.early.get(slot.step)
+        return slot.writes() if early is None else StepRows(slot.step, early.pending)
 
     def _candidates_and_conflicts(self, task: Task, writes: list[StepRows]) -> tuple[Tensor, Conflicts]:
         """C(t) and its rows with a write in ``writes`` (RAW): culled and checked in one op (the index's
@@ -169,7 +191,10 @@ class OdinRuntime:
         task's possible writes, log the read and gather it."""
         self.shadow.declare(task.key, candidate)
         self.tables.declare(candidate, task.step)
-        record = ReadRecord(candidate, self.published_through, admitted)
+        early = self.publisher.early.get(self.published_through + 1)
+        record = ReadRecord(candidate, self.published_through, admitted, None if early is None else early.published)
+        if early is not None and bool(isin_sorted(early.published, candidate).any()):
+            self.counters.early_reads += 1
         self.log.add(task, record)
         leaves = self.shadow.gather(self.params, candidate, self.tables.seq)
         return Read(task, record, leaves, task_generator(self.seed, task.step, task.view))
@@ -241,9 +266,15 @@ class OdinRuntime:
                     if self.exchange.ready(slot, worker, self.published_through, self.policy.validates):
                         self._commit(slot.step, worker)
                         changed = True
-            if self.exchange.complete(self.published_through + 1):
-                self.publish(self.published_through + 1)
+            step = self.published_through + 1
+            if self.exchange.complete(step):
+                self.publish(step)
                 changed = True
+            elif self.exchange.asked(step) and step not in self.publisher.early:
+                first = self.exchange.first(step)
+                if first is not None:
+                    self.publish_first(step, first)
+                    changed = True
 
     def _commit(self, step: int, worker: int) -> None:
         """Validate the worker's tasks of ``step`` on the synchronous state, re-run failures, start the exchange."""
@@ -267,7 +298,17 @@ class OdinRuntime:
         update = self.shadow.local_update(step, worker, self.params)
         if self.policy.reads_every_row:
             update = densified(update, self.num_primitives)
-        self.exchange.start(step, worker, update)
+        self.exchange.start(step, worker, update, self._asked_rows(step, worker))
+
+    def _asked_rows(self, step: int, worker: int) -> Tensor | None:
+        """The rows ``worker``'s exchange of ``step`` asks for first: the candidate sets, on the current state, of
+        its upcoming tasks of step + 1 that have not read yet (None without priority publication)."""
+        if not self._publishes_first:
+            return None
+        for earlier in [s for s in self._upcoming if s <= step]:
+            del self._upcoming[earlier]
+        tasks = [t for t in self._upcoming.get(step + 1, []) if t.worker == worker and t.key not in self.log.tasks]
+        return union_sorted([self.index.candidates(task) for task in tasks], self.device)
 
     @bookkeeping
     def publish(self, step: int) -> None:
@@ -277,8 +318,8 @@ class OdinRuntime:
         self.publisher.check_order(step)
         start = self.timeline.now()
         merged = self.exchange.collect(step, self.config.wait_timeout_s)
-        means, scales = self.publisher.apply(merged, self.tables.seq)
-        self.index.update(merged.rows, means, scales)
+        rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
+        self.index.update(rows, means, scales)
         slot = self.shadow.free(step)
         self.tables.settle(merged.rows, slot.declared_sets(), step)
         for key in slot.candidates:
@@ -288,13 +329,29 @@ class OdinRuntime:
         self.counters.publications += 1
         self.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
 
+    @bookkeeping
+    def publish_first(self, step: int, first: FirstPart) -> None:
+        """Priority publication: apply selective Adam to the first part of the next step (the rows the workers'
+        next tasks asked for) before the rest of its update has arrived; the step's other rows stay pending
+        (exactly known now) until :meth:`publish`. A read then sees these rows' new values; validation knows it
+        (``ReadRecord.early``)."""
+        start = self.timeline.now()
+        rows, means, scales = self.publisher.apply_first(step, first, self.tables.seq)
+        self.index.update(rows, means, scales)
+        self.counters.first_publications += 1
+        self.timeline.record("publish", -1, step, start, {"rows": rows.numel(), "first": True})
+
     def await_publication(self, timeout: float) -> bool:
-        """Block until the next step's exchange completes and publish it, if every local worker has sent its part
-        (only a remote transport blocks: the other ranks may still compute); returns whether a step was."""
+        """Block until the next step's first part (where it was asked for and is not published yet) or its whole
+        exchange arrives and publish it, if every local worker has sent its part (only a remote transport blocks:
+        the other ranks may still compute); returns whether it did."""
         step = self.published_through + 1
         if not self.exchange.all_sent(step):
             return False
-        self.exchange.wait(step, timeout)
+        if self.exchange.asked(step) and step not in self.publisher.early:
+            self.exchange.wait_first(step, timeout)
+        else:
+            self.exchange.wait(step, timeout)
         self.progress()
         return True
 

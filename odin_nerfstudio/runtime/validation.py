@@ -130,6 +130,8 @@ class Validator:
         outside = []
         for step in range(record.read_mark + 1, task.step):
             published = self._recent[step]
+            if step == record.read_mark + 1 and record.early is not None:
+                published = published[~isin_sorted(published, record.early)]  # read after their publication
             read = isin_sorted(published, record.candidate)
             missed = published[read]
             allowed = admitted.get(step)

@@ -4,6 +4,8 @@ W = 2: every choice (sparse all-gather, union-then-reduce, dense all_reduce, aut
 ``sum_in_order``, and counts the bytes its formula predicts; six exchanges are in flight at once and complete in
 step order; rank 0's wait returns while rank 1, which started its part, sleeps without polling; a collective the
 thread waits for past the transport's timeout fails the exchange naming the step; closing fails what is in flight.
+W = 2 with rows asked for first: every choice delivers the first part (every row, the asked rows' sums) as the
+in-process transport does, then the whole update bit for bit as without asking.
 W = 4: every choice gives every rank the same bits; "auto" picks sparse for small disjoint rows, union-reduce for
 shared rows, dense when every rank touches every row.
 """
@@ -24,6 +26,7 @@ from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
 from odin_nerfstudio.comm.transport import (
     CHOICES,
     DistributedTransport,
+    VirtualTransport,
     StatsLayout,
     _Shape,
     _Sizes,
@@ -225,7 +228,7 @@ def test_the_byte_formulas_by_hand() -> None:
     shape = _Shape(4, D, 4, StatsLayout.of(None))
     sizes = [_Sizes(5, 0, 0, 30), _Sizes(3, 0, 0, 9), _Sizes(0, 0, 0, 0), _Sizes(2, 0, 0, 20)]
     predicted = shape.predict(sizes, union_rows=8)
-    header = 3 * 32
+    header = 3 * 48  # six int64 per rank: rows, entries, tasks, span, asked rows, asks
     assert predicted["sparse"] == header + 3 * 5 * 8 + 3 * 5 * D * 4
     assert predicted["union"] == header + 3 * 5 * 8 + 2 * 3 * 8 * D * 4 // 4
     assert predicted["dense"] == header + 2 * 3 * 30 * (D + 1) * 4 // 4
@@ -246,3 +249,51 @@ def test_bad_choice_and_steps_out_of_order_are_errors(tmp_path: Path) -> None:
         transport.close()
     finally:
         dist.destroy_process_group()
+
+
+ASKED = {0: torch.tensor([1, 4, 9, 16, 25]), 1: torch.arange(10, 20)}
+"""Rows each rank asks for first (W = 2)."""
+
+
+def _asking_rank_main(rank: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        results = {}
+        for choice in ("auto", *CHOICES):
+            transport = DistributedTransport(template(), timeout=30.0, stats_schema=STATS_SCHEMA, choice=choice)
+            handles = [transport.start_exchange(step, update_of(step, rank), ASKED[rank]) for step in range(STEPS)]
+            parts = [h.wait_first(timeout=30.0) for h in handles]
+            results[choice] = [
+                (saved(h.wait(timeout=30.0)), p.rows, saved(p.update), p.sent_bytes, h.bytes.choice)
+                for h, p in zip(handles, parts)
+            ]
+            transport.close()
+        torch.save(results, out / f"asking{rank}.pt")
+    except BaseException:
+        (out / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def test_two_ranks_asking_for_rows_first_get_the_first_part_then_the_same_bits(tmp_path: Path) -> None:
+    mp.spawn(_asking_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    for rank in range(2):
+        results = torch.load(tmp_path / f"asking{rank}.pt", weights_only=False)
+        for choice in ("auto", *CHOICES):
+            for step, ((rows, grads, stats), union, first, sent, ran) in enumerate(results[choice]):
+                first_rows, first_grads, _ = first
+                assert_same(SparseUpdate(rows, grads, tuple(stats)), expected(step))
+                virtual = VirtualTransport(2, template())
+                handle = [virtual.contribute(step, r, update_of(step, r), ASKED[r]) for r in range(2)][0]
+                reference = handle.first()
+                assert torch.equal(union, reference.rows) and torch.equal(first_rows, reference.update.rows)
+                assert first_rows.numel() > 0, "the asked rows meet the step's rows"
+                for name, grad in first_grads.items():
+                    assert torch.equal(grad, reference.update.grads[name]), (choice, step, name)
+                if ran == "dense":
+                    assert sent is None, "the dense exchange's first part comes with the whole update"
+                else:
+                    assert sent == reference.sent_bytes

@@ -25,7 +25,7 @@ from odin_nerfstudio.comm.link import (
     linked_distributed,
     linked_virtual,
 )
-from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
+from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport, asked_bytes, rows_of_runs, runs_of
 from odin_nerfstudio.core.sparse import sum_in_order
 from tests.comm.test_transport import assert_same, local_update, template
 
@@ -96,21 +96,21 @@ def test_a_handle_waits_for_the_real_exchange_first() -> None:
 
 def test_local_board_forgets_a_step_once_every_worker_read_it() -> None:
     board = LocalBoard(2)
-    board.post(3, 1, 5.0)
-    board.post(3, 0, 7.0)
-    assert board.delivery(3, 0) == 7.0 and board.delivery(3, 1) == 7.0
+    board.post(3, 1, 1.0, 5.0)
+    board.post(3, 0, 2.0, 7.0)
+    assert board.posts(3, 0) == [(2.0, 7.0), (1.0, 5.0)] == board.posts(3, 1)
     assert not board._steps
-    board.post(4, 0, 1.0)
+    board.post(4, 0, 0.5, 1.0)
     with pytest.raises(RuntimeError, match=r"workers \[1\]"):
-        board.delivery(4, 0)
+        board.posts(4, 0)
 
 
 def test_store_board_reads_every_rank_and_deletes_its_keys() -> None:
     store = dist.HashStore()
     boards = [StoreBoard(2, store) for _ in range(2)]
-    boards[0].post(9, 0, 2.5)
-    boards[1].post(9, 1, 4.0)
-    assert [board.delivery(9, rank) for rank, board in enumerate(boards)] == [4.0, 4.0]
+    boards[0].post(9, 0, 1.5, 2.5)
+    boards[1].post(9, 1, 0.25, 4.0)
+    assert [board.posts(9, rank) for rank, board in enumerate(boards)] == [[(1.5, 2.5), (0.25, 4.0)]] * 2
     assert not any(store.check([key]) for key in ("odin/link/9/0", "odin/link/9/1", "odin/link/9/read"))
 
 
@@ -163,3 +163,37 @@ def test_two_gloo_ranks_see_a_handle_undone_before_its_modeled_delivery_and_done
             before, done_before, after, done_after = line.split()
             assert before == "True", "2 s of modeled latency had not passed when the real exchange completed"
             assert done_before == "False" and after == "True" and done_after == "True"
+
+
+def test_a_first_part_is_delivered_when_the_rows_and_asked_gradients_have_crossed() -> None:
+    """Worker 1 asks for rows first: the first part (every row, the asked rows' summed gradients) is delivered at the
+    latest ``send + latency + bytes up to it / bandwidth``, before the whole exchange, and sums as the whole does."""
+    clock = FakeClock()
+    ends = linked_virtual(VirtualTransport(2, template()), LINK, clock, clock.sleep)
+    updates = [local_update(1, w) for w in (1, 2)]
+    asked = torch.tensor([0, 3, 5, 7, 11, 13, 17, 19, 23])
+    handles = [end.start_exchange(0, update, first) for end, update, first in zip(ends, updates, [None, asked])]
+    whole = sum_in_order(updates, template())
+    part = handles[0].inner.first()
+    chosen = whole.rows[torch.isin(whole.rows, asked)]
+    assert chosen.numel() > 0 and torch.equal(part.rows, whole.rows) and torch.equal(part.update.rows, chosen)
+    for name, grad in part.update.grads.items():
+        assert torch.equal(grad, whole.grads[name][torch.isin(whole.rows, asked)]), name
+    first_at = max(LINK.delay_s(n) for n in part.sent_bytes)
+    whole_at = max(LINK.delay_s(u.nbytes + asked_bytes(a)) for u, a in zip(updates, [None, asked]))
+    assert first_at < whole_at
+    clock.now = first_at - 1e-6
+    assert handles[0].first() is None and handles[1].first() is None
+    clock.now = first_at
+    assert handles[0].first() is part and not handles[0].done()
+    assert handles[1].wait_first(timeout=10.0) is part and clock.slept == []
+    handles[0].wait(timeout=10.0)
+    assert clock.now == pytest.approx(whole_at)
+
+
+def test_asked_rows_travel_as_runs_of_consecutive_rows() -> None:
+    rows = torch.tensor([2, 3, 4, 9, 11, 12])
+    assert runs_of(rows).tolist() == [2, 5, 9, 10, 11, 13]
+    for case in (rows, torch.arange(7), torch.tensor([5]), torch.empty(0, dtype=torch.int64)):
+        assert torch.equal(rows_of_runs(runs_of(case)), case)
+    assert asked_bytes(None) == 0 and asked_bytes(torch.arange(1000)) == 16

@@ -1,7 +1,8 @@
 """The trainer's step driver on two gloo ranks: one step per call, blocking only when no local worker can read; the
 schedule's read gate (``read_after``) holding a step's reads until the steps before its overlap window are
 published; the other rank's expected tasks turning optimistic reads that would be re-run into waits; and running
-ahead (a worker whose task waits runs its next step's task first), still equal to the barrier."""
+ahead (a worker whose task waits runs its next step's task first) and priority publication (the rows the next
+tasks read published before the rest of their step), still equal to the barrier."""
 
 from __future__ import annotations
 
@@ -106,16 +107,24 @@ def test_expected_remote_writes_turn_stale_reruns_into_waits(tmp_path: Path) -> 
     assert fast["stale"] == 0 and fast["raw"] > 0
 
 
-def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str, run_ahead: bool = False) -> None:
-    """A rank behind an emulated link (50 ms + bytes / 1 MB/s per message), quality or hogwild, the other rank's
-    tasks expected; records its reads' marks and the most exchanges its transport had in flight at once."""
+LINK = LinkModel("test link", 0.05, 1e6)
+NARROW_LINK = LinkModel("narrow test link", 0.005, 2e4)
+"""Bytes dominate (a task's update of about 1 KB takes about 60 ms): a step's first part arrives well before the rest."""
+
+
+def _linked_rank(
+    rank: int, init_file: str, out_dir: str, mode: str, run_ahead: bool = False, priority: bool = False, link=LINK
+) -> None:
+    """A rank behind an emulated link (default 50 ms + bytes / 1 MB/s per message), quality or hogwild, the other rank's
+    tasks expected (with ``priority``, its own next tasks declared upcoming: their rows are asked for first);
+    records its reads' marks and the most exchanges its transport had in flight at once."""
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
         params = make_params()
-        transport = linked_distributed(DistributedTransport(params, timeout=60.0), LinkModel("test link", 0.05, 1e6))
+        transport = linked_distributed(DistributedTransport(params, timeout=60.0), link)
         runtime = OdinRuntime(
-            OdinRuntimeConfig(mode=mode, record_reads=True, wait_timeout_s=60.0),
+            OdinRuntimeConfig(mode=mode, record_reads=True, wait_timeout_s=60.0, priority_publication=priority),
             params,
             selective_adams(params, {name: lr * LR_SCALE for name, lr in LRS.items()}),
             [transport],
@@ -127,6 +136,8 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str, run_ahead: 
             runtime.expect(per_worker[1 - rank])
             started = ahead.started if ahead is not None else set()
             ahead = Ahead(step + 1, local[step + 1]) if run_ahead and step + 1 < len(schedule) else None
+            if priority and step + 1 < len(schedule):
+                runtime.upcoming(local[step + 1][0])
             run_step(runtime, step, local[step], ahead=ahead, started=started)
             most_in_flight = max(most_in_flight, len(transport.inner.in_flight()))
         settle(runtime)
@@ -138,6 +149,8 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str, run_ahead: 
             "raw_waits": counters.waits.get("raw", 0),
             "ran_ahead": counters.ran_ahead,
             "reruns": counters.reruns,
+            "first_publications": counters.first_publications,
+            "early_reads": counters.early_reads,
             "read_order": [[e.step for e in runtime.timeline.events if e.name == "render"]],
         }
         (Path(out_dir) / f"linked{rank}.json").write_text(json.dumps(result))
@@ -148,9 +161,12 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, mode: str, run_ahead: 
     os._exit(0)
 
 
-def train_linked(tmp_path: Path, mode: str, run_ahead: bool = False) -> list[dict]:
+def train_linked(
+    tmp_path: Path, mode: str, run_ahead: bool = False, priority: bool = False, link: LinkModel = LINK
+) -> list[dict]:
     """Both ranks behind the link; returns each rank's record (and leaves rank 0's snapshot in ``tmp_path``)."""
-    mp.spawn(_linked_rank, args=(str(tmp_path / "init"), str(tmp_path), mode, run_ahead), nprocs=2, join=True)
+    args = (str(tmp_path / "init"), str(tmp_path), mode, run_ahead, priority, link)
+    mp.spawn(_linked_rank, args=args, nprocs=2, join=True)
     errors = [path.read_text() for path in tmp_path.glob("error*.txt")]
     assert not errors, errors
     return [json.loads((tmp_path / f"linked{rank}.json").read_text()) for rank in range(2)]
@@ -185,3 +201,15 @@ def test_running_ahead_renders_the_next_step_first_and_still_equals_barrier(tmp_
     assert sum(r["ran_ahead"] for r in records) > 0, "no rank ran ahead"
     out_of_order = [r for r in records if r["read_order"][0] != sorted(r["read_order"][0])]
     assert out_of_order, "running ahead must render a later step before an earlier one"
+
+
+def test_priority_publication_lets_a_waiting_read_go_before_the_rest_of_its_step(tmp_path: Path) -> None:
+    """Behind the link, each step's exchange asks for the rows of the ranks' next tasks first: they are published
+    as soon as that part arrives, a conflicting read of the next step reads them while the rest of the step is
+    still crossing the link, and the run still ends at the barrier's model bit for bit."""
+    records = train_linked(tmp_path, "quality", priority=True, link=NARROW_LINK)
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
+    run_virtual(barrier, make_schedule(**SCHEDULE))
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    assert all(r["first_publications"] > 0 for r in records), "no step's first part was published ahead of the rest"
+    assert sum(r["early_reads"] for r in records) > 0, "no read used rows published ahead of the rest of their step"

@@ -6,6 +6,8 @@ sets; a separate test runs each op on N = 2^24 + 7 rows, past float32's exact in
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -141,6 +143,37 @@ def test_publish_adam_equals_reference(device: str, num_rows: int, steps: int, s
         assert int(contention) == 0  # one publisher: no row is ever held by another
     assert same_model(compiled, reference)
     assert torch.equal(seq, seq_ref)
+
+
+@pytest.mark.parametrize("backend", ["reference", "compiled"])
+@SETTINGS
+@given(num_rows=st.integers(0, 200), steps=st.integers(1, 3), seed=st.integers(0, 2**31 - 1))
+def test_publish_adam_in_two_parts_equals_the_whole(backend: str, num_rows: int, steps: int, seed: int) -> None:
+    """Priority publication: a step published as "first" (some rows) then "rest" (the others) gives every row,
+    moment, version and step count the bits of one "whole" publication, and runs the step's post-hooks once."""
+    if backend == "compiled":
+        require_compiled("cpu")
+    generator = torch.Generator().manual_seed(seed)
+    whole = make_model(num_rows, seed, "cpu")
+    parts = clone_model(*whole)
+    hooks = {"whole": 0, "parts": 0}
+    for key, (_, optimizers) in (("whole", whole), ("parts", parts)):
+        for optimizer in optimizers.values():
+            optimizer.register_step_post_hook(lambda *_, key=key: hooks.__setitem__(key, hooks[key] + 1))
+    seq_whole = torch.zeros(num_rows, dtype=torch.int64)
+    seq_parts = seq_whole.clone()
+    reference = ops.use_reference() if backend == "reference" else contextlib.nullcontext()
+    with reference:
+        for _ in range(steps):
+            rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), "cpu")
+            grads = {name: _gradient(generator, rows, p, "cpu") for name, p in whole[0].items()}
+            first = torch.rand(rows.numel(), generator=generator) < 0.4
+            ops.publish_adam(whole[1], rows, grads, seq_whole)
+            ops.publish_adam(parts[1], rows[first], {n: g[first] for n, g in grads.items()}, seq_parts, part="first")
+            ops.publish_adam(parts[1], rows[~first], {n: g[~first] for n, g in grads.items()}, seq_parts, part="rest")
+    assert same_model(parts, whole)
+    assert torch.equal(seq_parts, seq_whole)
+    assert hooks["parts"] == hooks["whole"] == steps * len(whole[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 from nerfstudio.data.scene_box import SceneBox
-from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
 from odin_nerfstudio.adapter.gsplat import refine_due, reset_due, structural_change_due
 from odin_nerfstudio.method_configs.odin_splat import odin_splat_optimizers

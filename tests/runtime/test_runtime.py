@@ -23,7 +23,7 @@ from odin_nerfstudio.core.row_order import permute_rows, spatial_order
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig, Read, Wait
-from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
+from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.runtime.shadow import MEMORY_KINDS, ShadowGraph
 from odin_nerfstudio.runtime.validation import Validator
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
@@ -195,9 +195,9 @@ class RecordingEndpoint:
         self.endpoint = endpoint
         self.sent = sent
 
-    def start_exchange(self, step: int, update: SparseUpdate):
+    def start_exchange(self, step: int, update: SparseUpdate, first=None):
         self.sent.append((step, update.rows.numel()))
-        return self.endpoint.start_exchange(step, update)
+        return self.endpoint.start_exchange(step, update, first)
 
 
 @pytest.mark.parametrize("mode", ["barrier", "quality"])
@@ -465,10 +465,10 @@ def test_bookkeeping_counts_nested_hooks_once(monkeypatch: pytest.MonkeyPatch) -
     slept = []
     apply = Publisher.apply
 
-    def slow_apply(self, merged, seq):
+    def slow_apply(self, step, merged, seq):
         time.sleep(nap_ns / 1e9)
         slept.append(nap_ns)
-        return apply(self, merged, seq)
+        return apply(self, step, merged, seq)
 
     monkeypatch.setattr(Publisher, "apply", slow_apply)
     runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params())
