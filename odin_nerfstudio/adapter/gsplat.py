@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import torch
 from gsplat.cuda._torch_impl import _persp_proj, _quat_scale_to_covar_preci, _spherical_harmonics, _world_to_cam
 from gsplat.cuda._wrapper import fully_fused_projection
@@ -76,6 +78,10 @@ class GsplatAdapter:
         """World-space scales [M, 3] of parameter rows ``scales`` [M, 3] (exp of gsplat's log-scales)."""
         scales = scales.detach()
         return torch.exp(scales) if self.log_scales else scales
+
+    def scale_growth(self, step: float) -> float:
+        """exp(step) for log-scales (a world scale is exp of its parameter); unbounded for linear scales."""
+        return math.exp(step) if self.log_scales else math.inf
 
     def before_backward(self, info: dict[str, Any]) -> None:
         """Keep the screen-space means' gradient (gsplat's statistics read ``means2d.grad`` after backward)."""

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -117,6 +119,25 @@ class SelectiveAdam(torch.optim.Optimizer):
             for hook in list(self._optimizer_step_post_hooks.values()):
                 hook(self, (), {})
         return updated
+
+    def movement_bound(self) -> float:
+        """The most a publication at the current global step count moves any element of the parameter, for any
+        gradients: lr x sqrt(1 - beta2^t) / (1 - beta1^t) x (1 - beta1) / sqrt(1 - beta2) / (1 - beta1 / sqrt(beta2)),
+        with 1% for rounding (inf if beta1 >= sqrt(beta2), or no step counted yet).
+
+        Why it holds: a row's v_j >= (1 - beta2) beta2^k g_{j-k}^2 for each of its past gradients, so each is at most
+        sqrt(v_j / ((1 - beta2) beta2^k)), and m_j sums them with weights (1 - beta1) beta1^k: |m_j| / sqrt(v_j) is at
+        most the geometric series above, whatever the rows' own update counts j; eps only shrinks the step.
+        """
+        (group,) = self.param_groups
+        (param,) = group["params"]
+        beta1, beta2 = group["betas"]
+        step = float(self._state_of(param)["step"])
+        ratio = beta1 / math.sqrt(beta2)
+        if ratio >= 1.0 or step < 1.0:
+            return math.inf
+        series = (1.0 - beta1) / math.sqrt(1.0 - beta2) / (1.0 - ratio)
+        return 1.01 * group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) * series
 
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         """Not supported: a selective optimizer must be told its rows; use :meth:`step_rows`."""

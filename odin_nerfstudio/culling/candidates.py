@@ -323,11 +323,15 @@ class BoundingSpheres:
             if self._blocks.stale:
                 self._blocks = None
 
-    def meets(self, region: CullRegion, rows: Tensor | None = None) -> Tensor:
-        """Whether the spheres of ``rows`` (int64 [M]; all N if None) meet ``region``, bool [M]: the exact test."""
+    def meets(self, region: CullRegion, rows: Tensor | None = None, grow: float = 1.0, shift: float = 0.0) -> Tensor:
+        """Whether the spheres of ``rows`` (int64 [M]; all N if None) meet ``region``, bool [M]: the exact test.
+        ``grow`` and ``shift`` widen each radius to ``radius x grow + shift``: a sphere that holds wherever the row
+        can be once its radius grows by at most ``grow`` and its centre moves by at most ``shift``."""
         centres, radii = self.centres, self.radii
         if rows is not None:
             centres, radii = centres.index_select(1, rows), radii.index_select(0, rows)
+        if grow != 1.0 or shift != 0.0:
+            radii = radii * grow + shift
         return _meets(centres, radii, region)
 
     def rows_in(self, region: CullRegion) -> Tensor:

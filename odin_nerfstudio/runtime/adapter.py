@@ -27,6 +27,10 @@ class RenderAdapter(Protocol):
     def world_scales(self, scales: Tensor) -> Tensor:
         """World-space scales [M, 3] of parameter rows ``params["scales"]`` [M, 3] (for the bounding spheres)."""
 
+    def scale_growth(self, step: float) -> float:
+        """The most a world-space scale can grow when each element of its parameter row moves by at most ``step``
+        (inf where it cannot be bounded)."""
+
     def before_backward(self, info: dict[str, Any]) -> None:
         """Prepare a render's meta for backward when statistics are collected (gsplat: ``means2d.retain_grad()``)."""
 

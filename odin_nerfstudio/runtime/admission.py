@@ -52,6 +52,9 @@ class AdmissionPolicy:
     """Whether a task reads (and its update covers) every row of the model instead of its culled C(t)."""
     validates: ClassVar[bool] = True
     publishes_first: ClassVar[bool] = True
+    commits_early: ClassVar[bool] = False
+    """Whether a worker's step may be committed (validated, exchanged) once the step before is published in its
+    first part, when its reads are surely valid whatever the rest (quality-first: exact either way)."""
     """Whether a step's exchange asks for the rows the next step's reads need first (priority publication): for
     modes whose reads overlap an unpublished step."""
     """Whether a task's read is validated against the synchronous state before its update is exchanged."""
@@ -110,6 +113,7 @@ class QualityPolicy(AdmissionPolicy):
     """Quality-first: wait for exactly the conflicting rows' publications; exact, re-run every failed task."""
 
     mode = "quality"
+    commits_early = True
 
 
 class ThroughputPolicy(AdmissionPolicy):

@@ -8,6 +8,7 @@ and checked against the unpublished writes in the same pass (the kernel op ``cul
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -16,6 +17,15 @@ from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far a publication can move a bounding sphere: its radius grows at most ``grow``-fold, its centre moves
+    at most ``shift`` (world units)."""
+
+    grow: float
+    shift: float
 
 
 class CullingIndex:
@@ -58,10 +68,18 @@ class CullingIndex:
         ``writes`` (RAW; steps >= the task's are ignored), culled and checked in one op."""
         return ops.cull_conflicts(self.bounds(), self.region(task), task.step, writes)
 
-    def any_meets(self, task: Task, rows: Tensor) -> bool:
-        """Whether any of ``rows`` (sorted int64 [R]) now lies in the region of ``task``'s candidate set."""
+    def any_meets(self, task: Task, rows: Tensor, reach: Reach | None = None, region: CullRegion | None = None) -> bool:
+        """Whether any of ``rows`` (sorted int64 [R]) now lies in ``region`` (default: the region of ``task``'s
+        candidate set), or, with ``reach``, may lie there once each has moved as far as a publication can move it."""
+        grow, shift = (1.0, 0.0) if reach is None else (reach.grow, reach.shift)
+        region = self.region(task) if region is None else region
         # a host synchronization on CUDA, needed: validation decides on it (re-run or not) on the host
-        return bool(self.bounds().meets(self.region(task), rows).any())
+        return bool(self.bounds().meets(region, rows, grow, shift).any())
+
+    def reach(self, mean_step: float, scale_step: float) -> Reach:
+        """How far a publication can move a row's bounding sphere when it moves each element of ``means`` by at
+        most ``mean_step`` and of ``scales`` by at most ``scale_step`` (the adapter's scale parametrization)."""
+        return Reach(grow=self.adapter.scale_growth(scale_step), shift=3.0**0.5 * mean_step)
 
     def update(self, rows: Tensor, means: Tensor, scales: Tensor) -> None:
         """Refresh the bounds of ``rows`` [R] from their new ``means`` [R, 3] and parameter ``scales`` [R, 3]."""

@@ -64,6 +64,8 @@ class RuntimeCounters:
         first_publications: steps whose first part (the rows the next tasks asked for) was published ahead of
             the rest (priority publication).
         early_reads: reads that read rows of such a first part while the rest of its step was unpublished.
+        early_commits: worker steps committed (validated and sent) while the step before was published only in its
+            first part: two of the worker's exchanges were in flight.
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
             publish), the outermost call only, less the render and backward of the re-runs they execute and
             less their time in the transport (``comm_ns``).
@@ -85,6 +87,7 @@ class RuntimeCounters:
     publications: int = 0
     first_publications: int = 0
     early_reads: int = 0
+    early_commits: int = 0
     bookkeeping_ns: int = 0
     render_ns: int = 0
     backward_ns: int = 0

@@ -110,6 +110,11 @@ class Publisher:
                 self.adapter.accumulate(self.strategy_state, task_stats, num_primitives)
         return rows, means, scales
 
+    def rest_movement(self) -> tuple[float, float]:
+        """The most the publication of the rest of an early step moves an element of ``means`` and of ``scales``
+        (Adam's bound at the step count the first part advanced to, :meth:`SelectiveAdam.movement_bound`)."""
+        return self.optimizers["means"].movement_bound(), self.optimizers["scales"].movement_bound()
+
     def done(self, step: int, rows: Tensor) -> None:
         """Step ``step`` is published (it wrote ``rows``, sorted int64 [R])."""
         if self.record_rows:

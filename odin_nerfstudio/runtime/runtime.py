@@ -103,11 +103,14 @@ class OdinRuntime:
         finder = None if visibility_fn is None else escape_finder(visibility_fn, self.index, params)
         drawn = drawn_finder(visibility_fn, self.index, params) if isinstance(visibility_fn, EscapeCheck) else None
         self.remote = RemoteTasks(self.index, drawn)
-        self.validator = Validator(config.ring_slots, self.index, finder)
+        drawable = visibility_fn.drawable if isinstance(visibility_fn, EscapeCheck) else None
+        self.validator = Validator(config.ring_slots, self.index, finder, drawable)
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)
         self.publisher = Publisher(params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads)
         self._upcoming: dict[int, list[Task]] = {}
+        self._unsure: set[tuple[int, int]] = set()
+        """(step, worker) parts whose early commit was refused: committed once the step before is published."""
 
     device = property(lambda self: self.params["means"].device, doc="The model's device (and every index's).")
     num_primitives = property(lambda self: self.params["means"].shape[0], doc="N, the rows of the model now.")
@@ -260,12 +263,19 @@ class OdinRuntime:
             if self.exchange.no_local_task(step) and self.shadow.slot(step) is None:
                 self.shadow.open(step)  # no read opens it, yet this runtime still sends its (empty) part
             for slot in self.shadow.open_slots():
+                early = False
                 if self.policy.validates and slot.step > self.published_through + 1:
-                    break
+                    if not self._may_commit_early(slot.step):
+                        break
+                    early = True
                 for worker in range(self.exchange.num_workers):
-                    if self.exchange.ready(slot, worker, self.published_through, self.policy.validates):
+                    if not self.exchange.ready(slot, worker, self.published_through, self.policy.validates and not early):
+                        continue
+                    if not early:
                         self._commit(slot.step, worker)
                         changed = True
+                    elif (slot.step, worker) not in self._unsure:
+                        changed = self._commit_early(slot.step, worker) or changed
             step = self.published_through + 1
             if self.exchange.complete(step):
                 self.publish(step)
@@ -300,6 +310,28 @@ class OdinRuntime:
             update = densified(update, self.num_primitives)
         self.exchange.start(step, worker, update, self._asked_rows(step, worker))
 
+    def _may_commit_early(self, step: int) -> bool:
+        """Whether ``step`` may be committed before the step before it is wholly published: that step is the next
+        to publish and its first part is published, in a mode that commits early."""
+        before = self.published_through + 1
+        return self.policy.commits_early and step == before + 1 and before in self.publisher.early
+
+    def _commit_early(self, step: int, worker: int) -> bool:
+        """Commit the worker's tasks of ``step`` while the rest of step - 1 is still on its way, if every read is
+        surely valid whatever that rest holds (``Validator.surely_valid``); else leave it for :meth:`_commit` once
+        step - 1 is published. Two exchanges are then in flight. Returns whether it committed."""
+        slot, early = self.shadow.slot(step), self.publisher.early[step - 1]
+        reach = self.index.reach(*self.publisher.rest_movement())
+        keys = sorted(k for k in slot.staged if k[1] == worker)
+        if not all(self.validator.surely_valid(self.log.tasks[k], self.log.reads[k], step - 1, early, reach) for k in keys):
+            self._unsure.add((step, worker))
+            return False
+        for key in keys:
+            self.log.final(key)
+        self.counters.early_commits += 1
+        self.exchange.start(step, worker, self.shadow.local_update(step, worker, self.params), self._asked_rows(step, worker))
+        return True
+
     def _asked_rows(self, step: int, worker: int) -> Tensor | None:
         """The rows ``worker``'s exchange of ``step`` asks for first: the candidate sets, on the current state, of
         its upcoming tasks of step + 1 that have not read yet (None without priority publication)."""
@@ -325,6 +357,7 @@ class OdinRuntime:
         for key in slot.candidates:
             self.log.forget(key)
         self.validator.published(step, merged.rows)
+        self._unsure = {part for part in self._unsure if part[0] > step + 1}
         self.publisher.done(step, merged.rows)
         self.counters.publications += 1
         self.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})

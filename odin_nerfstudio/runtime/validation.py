@@ -22,8 +22,9 @@ from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.tasks import Task, TaskKey
-from odin_nerfstudio.runtime.culling_index import CullingIndex
-from odin_nerfstudio.runtime.reads import EscapeCheck, ReadRecord, VisibilityFn
+from odin_nerfstudio.runtime.culling_index import CullingIndex, Reach
+from odin_nerfstudio.runtime.publication import EarlyRows
+from odin_nerfstudio.runtime.reads import DrawableFn, EscapeCheck, ReadRecord, VisibilityFn
 
 EscapeFinder = Callable[[Task, Tensor], Tensor]
 """(task, C(t) sorted int64 [M]) -> the rows outside C(t) the rasterizer would see for the task, sorted int64 [E]."""
@@ -103,10 +104,17 @@ class Validator:
         find_escapes: the escape check, or None to skip it.
     """
 
-    def __init__(self, ring_slots: int, index: CullingIndex, find_escapes: EscapeFinder | None) -> None:
+    def __init__(
+        self,
+        ring_slots: int,
+        index: CullingIndex,
+        find_escapes: EscapeFinder | None,
+        drawable: DrawableFn | None = None,
+    ) -> None:
         self.ring_slots = ring_slots
         self.index = index
         self.find_escapes = find_escapes
+        self.drawable = drawable
         self._recent: dict[int, Tensor] = {}
 
     def published(self, step: int, rows: Tensor) -> None:
@@ -117,6 +125,39 @@ class Validator:
     def forget(self) -> None:
         """Drop the recent publications (a structural change renamed the rows; after a drain no read needs them)."""
         self._recent.clear()
+
+    def surely_valid(self, task: Task, record: ReadRecord, step: int, early: EarlyRows, reach: Reach) -> bool:
+        """Whether a read is valid before step ``step`` (the one before the task's) is wholly published: only its
+        first part is (``early``), the rest's rows are known (``early.pending``) but not their new values.
+
+        True only if every check passes whatever the rest's values: no row the read missed (of the earlier steps,
+        of the first part unless it read after it, of the rest), no written row outside C(t) in C(t)'s region (the
+        published ones where they are now, the rest's anywhere within ``reach`` of where they are), no escape on
+        the current state, and none of the rest's rows within reach of the rasterizer's drawable region. False
+        means "not sure yet" as well as "invalid": the caller validates again once the step is published.
+        """
+        if record.admitted or (self.find_escapes is not None and self.drawable is None):
+            return False
+        candidate, outside = record.candidate, []
+        seen = early.published if record.early is not None else early.published[:0]  # read after the first part
+        written = [self._recent[q] for q in range(record.read_mark + 1, step)]
+        written.append(early.published[~isin_sorted(early.published, seen)])
+        for rows in written:
+            read = isin_sorted(rows, candidate)
+            if bool(read.any()):
+                return False
+            outside.append(rows)
+        if bool(isin_sorted(early.pending, candidate).any()):
+            return False
+        moved = union_sorted(outside, candidate.device)
+        if moved.numel() and self.index.any_meets(task, moved):
+            return False
+        if early.pending.numel():
+            if self.index.any_meets(task, early.pending, reach):
+                return False
+            if self.drawable is not None and self.index.any_meets(task, early.pending, reach, self.drawable(task)):
+                return False
+        return self.find_escapes is None or self.find_escapes(task, candidate).numel() == 0
 
     def validate(self, task: Task, record: ReadRecord) -> tuple[list[str], Tensor]:
         """Check a task's read against the synchronous state (all earlier steps published).

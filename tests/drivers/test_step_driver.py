@@ -113,7 +113,14 @@ NARROW_LINK = LinkModel("narrow test link", 0.005, 2e4)
 
 
 def _linked_rank(
-    rank: int, init_file: str, out_dir: str, mode: str, run_ahead: bool = False, priority: bool = False, link=LINK
+    rank: int,
+    init_file: str,
+    out_dir: str,
+    mode: str,
+    run_ahead: bool = False,
+    priority: bool = False,
+    link: LinkModel = LINK,
+    lr_scale: float = LR_SCALE,
 ) -> None:
     """A rank behind an emulated link (default 50 ms + bytes / 1 MB/s per message), quality or hogwild, the other rank's
     tasks expected (with ``priority``, its own next tasks declared upcoming: their rows are asked for first);
@@ -126,7 +133,7 @@ def _linked_rank(
         runtime = OdinRuntime(
             OdinRuntimeConfig(mode=mode, record_reads=True, wait_timeout_s=60.0, priority_publication=priority),
             params,
-            selective_adams(params, {name: lr * LR_SCALE for name, lr in LRS.items()}),
+            selective_adams(params, {name: lr * lr_scale for name, lr in LRS.items()}),
             [transport],
             slow_render if rank == 1 else render,
         )
@@ -151,6 +158,10 @@ def _linked_rank(
             "reruns": counters.reruns,
             "first_publications": counters.first_publications,
             "early_reads": counters.early_reads,
+            "early_commits": counters.early_commits,
+            "exchanges": [
+                (e.step, e.start_ns, e.end_ns) for e in runtime.timeline.events if e.name == "comm" and e.worker == 0
+            ],
             "read_order": [[e.step for e in runtime.timeline.events if e.name == "render"]],
         }
         (Path(out_dir) / f"linked{rank}.json").write_text(json.dumps(result))
@@ -162,10 +173,15 @@ def _linked_rank(
 
 
 def train_linked(
-    tmp_path: Path, mode: str, run_ahead: bool = False, priority: bool = False, link: LinkModel = LINK
+    tmp_path: Path,
+    mode: str,
+    run_ahead: bool = False,
+    priority: bool = False,
+    link: LinkModel = LINK,
+    lr_scale: float = LR_SCALE,
 ) -> list[dict]:
     """Both ranks behind the link; returns each rank's record (and leaves rank 0's snapshot in ``tmp_path``)."""
-    args = (str(tmp_path / "init"), str(tmp_path), mode, run_ahead, priority, link)
+    args = (str(tmp_path / "init"), str(tmp_path), mode, run_ahead, priority, link, lr_scale)
     mp.spawn(_linked_rank, args=args, nprocs=2, join=True)
     errors = [path.read_text() for path in tmp_path.glob("error*.txt")]
     assert not errors, errors
@@ -213,3 +229,23 @@ def test_priority_publication_lets_a_waiting_read_go_before_the_rest_of_its_step
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
     assert all(r["first_publications"] > 0 for r in records), "no step's first part was published ahead of the rest"
     assert sum(r["early_reads"] for r in records) > 0, "no read used rows published ahead of the rest of their step"
+
+
+def test_quality_commits_a_step_while_the_rest_of_the_one_before_crosses_the_link(tmp_path: Path) -> None:
+    """With priority publication, a rank validates and sends step s + 1 once step s is published in its first
+    part, when its reads are surely valid whatever the rest holds (the rest's rows farther from the task's regions
+    than Adam can move them): two of its exchanges are then in flight at once, and the run still ends at the
+    barrier's model bit for bit. (Small learning rates: Adam's bound on a step is about 30 x lr.)"""
+    lr_scale = 0.05
+    records = train_linked(tmp_path, "quality", priority=True, link=NARROW_LINK, lr_scale=lr_scale)
+    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=lr_scale, topology=Topology(2))
+    run_virtual(barrier, make_schedule(**SCHEDULE))
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    assert sum(r["early_commits"] for r in records) > 0, "no step was committed before the one before was published"
+    overlapping = [
+        (s, t)
+        for r in records
+        for (s, start_s, end_s), (t, start_t, _) in zip(r["exchanges"], r["exchanges"][1:])
+        if t == s + 1 and start_t < end_s
+    ]
+    assert overlapping, "no rank had step s + 1's exchange in flight beside step s's"
