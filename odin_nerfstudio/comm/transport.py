@@ -331,7 +331,8 @@ def _sizes_of(update: SparseUpdate, first: Tensor | None) -> list[int]:
     asks for first (the header every rank gathers)."""
     span = int(update.rows[-1]) + 1 if update.rows.numel() else 0
     asked = 0 if first is None else runs_of(first).numel()
-    return [update.rows.numel(), sum(_entries(s) for s in update.stats), len(update.stats), span, asked, int(first is not None)]
+    entries = sum(_entries(s) for s in update.stats)
+    return [update.rows.numel(), entries, len(update.stats), span, asked, int(first is not None)]
 
 
 def _padded(tensor: Tensor, length: int) -> Tensor:
@@ -373,7 +374,8 @@ def _pack_indices(
     stats = [_padded(_concat(update, name, torch.int64, device), longest.entries) for name in layout.index_names]
     rows = update.rows if longest.rows else update.rows[:0]  # the dense exchange sends no rows (longest.rows = 0)
     asked = update.rows[:0] if first is None else runs_of(first)
-    return torch.cat([_padded(rows, longest.rows), *stats, _padded(lengths, longest.tasks), _padded(asked, longest.asked)])
+    parts = [_padded(rows, longest.rows), *stats, _padded(lengths, longest.tasks), _padded(asked, longest.asked)]
+    return torch.cat(parts)
 
 
 def _asked_rows(indices: Tensor, layout: StatsLayout, size: _Sizes, longest: _Sizes) -> Tensor:
@@ -747,7 +749,10 @@ class DistributedTransport:
             rank_rows = [empty if indices is None else indices[r][: size.rows] for r, size in enumerate(sizes)]
         first, asked = None, None
         if asks:
-            asked = [rows[:0] if indices is None else _asked_rows(indices[r], layout, size, lengths) for r, size in enumerate(sizes)]
+            asked = [
+                rows[:0] if indices is None else _asked_rows(indices[r], layout, size, lengths)
+                for r, size in enumerate(sizes)
+            ]
         if asks and choice != "dense":
             first, masks = self._first(handle, rank_rows, asked, sizes, packed, issued)
             rank_rows = [ranks_rows[~mask] for ranks_rows, mask in zip(rank_rows, masks, strict=True)]
@@ -765,7 +770,9 @@ class DistributedTransport:
         elif choice == "union":
             merged = self._union(handle, rows, union, packed, stats, issued)
         else:
-            span = longest.span if rank_rows is None else max((int(r[-1]) + 1 for r in rank_rows if r.numel()), default=0)
+            span = longest.span
+            if rank_rows is not None:
+                span = max((int(r[-1]) + 1 for r in rank_rows if r.numel()), default=0)
             merged = self._dense(handle, rows, span, packed, stats, issued)
         if first is not None:
             merged = joined([first.update, merged], stats)
@@ -838,7 +845,8 @@ class DistributedTransport:
         """(a) All-gather every rank's gradient rows padded to the longest, summed in rank order (``sum_in_order``)."""
         longest = max(r.numel() for r in rank_rows)
         if longest == 0:
-            return dataclasses.replace(_unpack(packed.new_empty(0, dtype=torch.int64), packed, self.template), stats=stats)
+            empty = _unpack(packed.new_empty(0, dtype=torch.int64), packed, self.template)
+            return dataclasses.replace(empty, stats=stats)
         gathered, work = self._all_gather(_padded(packed, longest), issued)
         self._wait(work, handle, "gradient rows")
         updates = [_unpack(r, gathered[rank][: r.numel()], self.template) for rank, r in enumerate(rank_rows)]

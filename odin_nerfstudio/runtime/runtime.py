@@ -47,7 +47,7 @@ from odin_nerfstudio.runtime.exchange import ExchangeBook
 from odin_nerfstudio.runtime.metering import Meter, bookkeeping
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.reads import EscapeCheck, Read, ReadRecord, RenderFn, VisibilityFn, Wait
-from odin_nerfstudio.runtime.shadow import RingSlot, ShadowGraph
+from odin_nerfstudio.runtime.shadow import ShadowGraph
 from odin_nerfstudio.runtime.validation import ReadLog, Validator, drawn_finder, escape_finder
 
 
@@ -148,16 +148,21 @@ class OdinRuntime:
         the task's possible writes and gathered into leaves) or a :class:`Wait` (rows and publication to wait for).
 
         Unpublished writes: per open step before t's, the local tasks' candidate sets (the active sets once
-        staged), and the predicted candidate sets of the tasks other processes run (:meth:`expect`).
+        staged), and the predicted candidate sets of the tasks other processes run (:meth:`expect`); for a step
+        whose first part is published, the rest of its rows instead of both.
         """
         step, meter = task.step, self.meter
         gate = self.policy.gate(task, self.published_through, self.config.ring_slots)
         if gate is not None:
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
             return meter.count_wait(Wait(task, gate[0], gate[1], empty))
+        # Once a step's first part is published, its pending writes are exactly the rest of its rows (the first
+        # part tells every row it writes), whoever writes them: they replace the local sets and the predictions.
         early = self.publisher.early
         predicted = [w for w in self.remote.writes(step, self.published_through) if w.step not in early]
-        writes = [self._pending(slot) for slot in self.shadow.open_slots() if slot.step < step] + predicted
+        predicted += [StepRows(s, rows.pending) for s, rows in early.items() if s < step]
+        writes = [slot.writes() for slot in self.shadow.open_slots() if slot.step < step and slot.step not in early]
+        writes += predicted
         candidate, conflicts = self._candidates_and_conflicts(task, writes)
         admitted: tuple[StepRows, ...] = ()
         if conflicts.any:
@@ -168,12 +173,6 @@ class OdinRuntime:
             admitted, stale = admission
             meter.counters.count_stale(stale)
         return self._admit(task, candidate, admitted)
-
-    def _pending(self, slot: RingSlot) -> StepRows:
-        """The writes of an unpublished step: once its first part is published, exactly the rest of its rows (the
-        first part tells every row the step writes), else the local tasks' candidate and active sets."""
-        early = self.publisher.early.get(slot.step)
-        return slot.writes() if early is None else StepRows(slot.step, early.pending)
 
     def _candidates_and_conflicts(self, task: Task, writes: list[StepRows]) -> tuple[Tensor, Conflicts]:
         """C(t) and its rows with a write in ``writes`` (RAW): culled and checked in one op (the index's
@@ -269,7 +268,8 @@ class OdinRuntime:
                         break
                     early = True
                 for worker in range(self.exchange.num_workers):
-                    if not self.exchange.ready(slot, worker, self.published_through, self.policy.validates and not early):
+                    after_published = self.policy.validates and not early
+                    if not self.exchange.ready(slot, worker, self.published_through, after_published):
                         continue
                     if not early:
                         self._commit(slot.step, worker)
@@ -305,6 +305,11 @@ class OdinRuntime:
                 read = self._admit(task, candidate)
                 self._stage(read, self._render_and_backward(read))
             self.log.final(key)
+        self._send(step, worker)
+
+    def _send(self, step: int, worker: int) -> None:
+        """Start the exchange of the worker's staged part of ``step`` (densified for a policy that reads every
+        row), asking for the rows of its next tasks first."""
         update = self.shadow.local_update(step, worker, self.params)
         if self.policy.reads_every_row:
             update = densified(update, self.num_primitives)
@@ -323,13 +328,14 @@ class OdinRuntime:
         slot, early = self.shadow.slot(step), self.publisher.early[step - 1]
         reach = self.index.reach(*self.publisher.rest_movement())
         keys = sorted(k for k in slot.staged if k[1] == worker)
-        if not all(self.validator.surely_valid(self.log.tasks[k], self.log.reads[k], step - 1, early, reach) for k in keys):
-            self._unsure.add((step, worker))
-            return False
+        for key in keys:
+            if not self.validator.surely_valid(self.log.tasks[key], self.log.reads[key], step - 1, early, reach):
+                self._unsure.add((step, worker))
+                return False
         for key in keys:
             self.log.final(key)
         self.counters.early_commits += 1
-        self.exchange.start(step, worker, self.shadow.local_update(step, worker, self.params), self._asked_rows(step, worker))
+        self._send(step, worker)
         return True
 
     def _asked_rows(self, step: int, worker: int) -> Tensor | None:

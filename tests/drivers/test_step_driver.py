@@ -109,7 +109,8 @@ def test_expected_remote_writes_turn_stale_reruns_into_waits(tmp_path: Path) -> 
 
 LINK = LinkModel("test link", 0.05, 1e6)
 NARROW_LINK = LinkModel("narrow test link", 0.005, 2e4)
-"""Bytes dominate (a task's update of about 1 KB takes about 60 ms): a step's first part arrives well before the rest."""
+"""Bytes dominate (a task's update of about 1 KB takes about 60 ms): a step's first part arrives well before the
+rest."""
 
 
 def _linked_rank(

@@ -165,7 +165,8 @@ def test_publish_adam_in_two_parts_equals_the_whole(backend: str, num_rows: int,
     reference = ops.use_reference() if backend == "reference" else contextlib.nullcontext()
     with reference:
         for _ in range(steps):
-            rows = random_rows(generator, num_rows, int(torch.randint(0, num_rows + 1, (1,), generator=generator)), "cpu")
+            count = int(torch.randint(0, num_rows + 1, (1,), generator=generator))
+            rows = random_rows(generator, num_rows, count, "cpu")
             grads = {name: _gradient(generator, rows, p, "cpu") for name, p in whole[0].items()}
             first = torch.rand(rows.numel(), generator=generator) < 0.4
             ops.publish_adam(whole[1], rows, grads, seq_whole)
