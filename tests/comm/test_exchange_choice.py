@@ -42,6 +42,13 @@ STEPS = 4
 IN_FLIGHT = 6
 
 
+def spawn(main, tmp_path: Path, nprocs: int) -> None:
+    """Run ``main(rank, init_file, out_dir)`` on ``nprocs`` gloo ranks; fail with any rank's traceback."""
+    mp.spawn(main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=nprocs, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+
+
 def update_of(step: int, rank: int) -> SparseUpdate:
     """Rank ``rank``'s update (densities 0.3 and 0.6 for ranks 0 and 1, with task statistics)."""
     return local_update(step, rank + 1)
@@ -128,9 +135,7 @@ def _two_rank_main(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_ranks_every_choice_merges_like_sum_in_order_in_flight_and_without_polling(tmp_path: Path) -> None:
-    mp.spawn(_two_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
-    assert not errors, errors
+    spawn(_two_rank_main, tmp_path, 2)
     results = [torch.load(tmp_path / f"results{rank}.pt", weights_only=False) for rank in range(2)]
     for result in results:
         for choice in ("auto", *CHOICES):
@@ -200,9 +205,7 @@ def _four_rank_main(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_four_ranks_get_the_same_bits_and_auto_picks_the_cheapest(tmp_path: Path) -> None:
-    mp.spawn(_four_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=4, join=True)
-    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
-    assert not errors, errors
+    spawn(_four_rank_main, tmp_path, 4)
     results = [torch.load(tmp_path / f"results{rank}.pt", weights_only=False) for rank in range(4)]
     for name in SCENARIOS:
         reference = sum_in_order([scenario_update(name, rank) for rank in range(4)], template())
@@ -277,9 +280,7 @@ def _asking_rank_main(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_ranks_asking_for_rows_first_get_the_first_part_then_the_same_bits(tmp_path: Path) -> None:
-    mp.spawn(_asking_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
-    assert not errors, errors
+    spawn(_asking_rank_main, tmp_path, 2)
     for rank in range(2):
         results = torch.load(tmp_path / f"asking{rank}.pt", weights_only=False)
         for choice in ("auto", *CHOICES):

@@ -113,24 +113,27 @@ NARROW_LINK = LinkModel("narrow test link", 0.005, 2e4)
 rest."""
 
 
-def _linked_rank(
-    rank: int,
-    init_file: str,
-    out_dir: str,
-    mode: str,
-    run_ahead: bool = False,
-    priority: bool = False,
-    link: LinkModel = LINK,
-    lr_scale: float = LR_SCALE,
-) -> None:
-    """A rank behind an emulated link (default 50 ms + bytes / 1 MB/s per message), quality or hogwild, the other rank's
-    tasks expected (with ``priority``, its own next tasks declared upcoming: their rows are asked for first);
-    records its reads' marks and the most exchanges its transport had in flight at once."""
+@dataclasses.dataclass(frozen=True)
+class LinkedRun:
+    """A run of two ranks behind a link: the mode, running ahead, priority publication (the rank's next tasks
+    declared upcoming, their rows asked for first), the link and the learning rates' scale."""
+
+    mode: str
+    run_ahead: bool = False
+    priority: bool = False
+    link: LinkModel = LINK
+    lr_scale: float = LR_SCALE
+
+
+def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> None:
+    """A rank of ``run``, the other rank's tasks expected; records its reads' marks, its counters, its exchanges'
+    spans and the most exchanges its transport had in flight at once."""
+    mode, run_ahead, priority, lr_scale = run.mode, run.run_ahead, run.priority, run.lr_scale
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
         params = make_params()
-        transport = linked_distributed(DistributedTransport(params, timeout=60.0), link)
+        transport = linked_distributed(DistributedTransport(params, timeout=60.0), run.link)
         runtime = OdinRuntime(
             OdinRuntimeConfig(mode=mode, record_reads=True, wait_timeout_s=60.0, priority_publication=priority),
             params,
@@ -173,17 +176,9 @@ def _linked_rank(
     os._exit(0)
 
 
-def train_linked(
-    tmp_path: Path,
-    mode: str,
-    run_ahead: bool = False,
-    priority: bool = False,
-    link: LinkModel = LINK,
-    lr_scale: float = LR_SCALE,
-) -> list[dict]:
-    """Both ranks behind the link; returns each rank's record (and leaves rank 0's snapshot in ``tmp_path``)."""
-    args = (str(tmp_path / "init"), str(tmp_path), mode, run_ahead, priority, link, lr_scale)
-    mp.spawn(_linked_rank, args=args, nprocs=2, join=True)
+def train_linked(tmp_path: Path, run: LinkedRun) -> list[dict]:
+    """Both ranks of ``run``; returns each rank's record (and leaves rank 0's snapshot in ``tmp_path``)."""
+    mp.spawn(_linked_rank, args=(str(tmp_path / "init"), str(tmp_path), run), nprocs=2, join=True)
     errors = [path.read_text() for path in tmp_path.glob("error*.txt")]
     assert not errors, errors
     return [json.loads((tmp_path / f"linked{rank}.json").read_text()) for rank in range(2)]
@@ -192,7 +187,7 @@ def train_linked(
 def test_quality_behind_a_link_overlaps_steps_and_still_equals_barrier(tmp_path: Path) -> None:
     """Behind an emulated link the fast rank reads step s + 1 while step s is unpublished (its read mark lags by
     more than one step), and the run still ends at the barrier's model bit for bit."""
-    records = train_linked(tmp_path, "quality")
+    records = train_linked(tmp_path, LinkedRun("quality"))
     barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
@@ -203,7 +198,7 @@ def test_quality_behind_a_link_overlaps_steps_and_still_equals_barrier(tmp_path:
 def test_hogwild_keeps_several_exchanges_in_flight_behind_a_link(tmp_path: Path) -> None:
     """A mode that does not validate commits each step at once: behind the link its exchanges are in flight side
     by side (the transport's progress thread runs them in step order)."""
-    records = train_linked(tmp_path, "hogwild")
+    records = train_linked(tmp_path, LinkedRun("hogwild"))
     assert max(r["most_in_flight"] for r in records) >= 2
 
 
@@ -211,7 +206,7 @@ def test_running_ahead_renders_the_next_step_first_and_still_equals_barrier(tmp_
     """Behind the link, with the next step's task offered (``Ahead``), the fast rank renders a task of step s + 1
     before its own task of step s whenever that one waits; its gradients are exchanged in step order, validated
     once step s is published, so the run still ends at the barrier's model bit for bit."""
-    records = train_linked(tmp_path, "quality", run_ahead=True)
+    records = train_linked(tmp_path, LinkedRun("quality", run_ahead=True))
     barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
@@ -224,7 +219,7 @@ def test_priority_publication_lets_a_waiting_read_go_before_the_rest_of_its_step
     """Behind the link, each step's exchange asks for the rows of the ranks' next tasks first: they are published
     as soon as that part arrives, a conflicting read of the next step reads them while the rest of the step is
     still crossing the link, and the run still ends at the barrier's model bit for bit."""
-    records = train_linked(tmp_path, "quality", priority=True, link=NARROW_LINK)
+    records = train_linked(tmp_path, LinkedRun("quality", priority=True, link=NARROW_LINK))
     barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
@@ -238,7 +233,7 @@ def test_quality_commits_a_step_while_the_rest_of_the_one_before_crosses_the_lin
     than Adam can move them): two of its exchanges are then in flight at once, and the run still ends at the
     barrier's model bit for bit. (Small learning rates: Adam's bound on a step is about 30 x lr.)"""
     lr_scale = 0.05
-    records = train_linked(tmp_path, "quality", priority=True, link=NARROW_LINK, lr_scale=lr_scale)
+    records = train_linked(tmp_path, LinkedRun("quality", priority=True, link=NARROW_LINK, lr_scale=lr_scale))
     barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=lr_scale, topology=Topology(2))
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
