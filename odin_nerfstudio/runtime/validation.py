@@ -139,9 +139,9 @@ class Validator:
         if record.admitted or (self.find_escapes is not None and self.drawable is None):
             return False
         candidate, outside = record.candidate, []
-        seen = early.published if record.early is not None else early.published[:0]  # read after the first part
-        written = [self._recent[q] for q in range(record.read_mark + 1, step)]
-        written.append(early.published[~isin_sorted(early.published, seen)])
+        written = [rows for _, rows in self._written_since(record, step)]
+        read_after_first = record.read_mark == step - 1 and record.early is not None  # its early rows are step's
+        written.append(early.published[:0] if read_after_first else early.published)
         for rows in written:
             read = isin_sorted(rows, candidate)
             if bool(read.any()):
@@ -159,6 +159,17 @@ class Validator:
                 return False
         return self.find_escapes is None or self.find_escapes(task, candidate).numel() == 0
 
+    def _written_since(self, record: ReadRecord, before: int) -> list[tuple[int, Tensor]]:
+        """Per published step after the read's mark and before ``before``, the rows it wrote that the read did not
+        see (a first part published before the read was seen)."""
+        written = []
+        for step in range(record.read_mark + 1, before):
+            rows = self._recent[step]
+            if step == record.read_mark + 1 and record.early is not None:
+                rows = rows[~isin_sorted(rows, record.early)]
+            written.append((step, rows))
+        return written
+
     def validate(self, task: Task, record: ReadRecord) -> tuple[list[str], Tensor]:
         """Check a task's read against the synchronous state (all earlier steps published).
 
@@ -169,10 +180,7 @@ class Validator:
         admitted = {a.step: a.rows for a in record.admitted}
         failures = []
         outside = []
-        for step in range(record.read_mark + 1, task.step):
-            published = self._recent[step]
-            if step == record.read_mark + 1 and record.early is not None:
-                published = published[~isin_sorted(published, record.early)]  # read after their publication
+        for step, published in self._written_since(record, task.step):
             read = isin_sorted(published, record.candidate)
             missed = published[read]
             allowed = admitted.get(step)

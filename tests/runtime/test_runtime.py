@@ -21,7 +21,9 @@ from odin_nerfstudio.culling.candidates import candidate_set
 from odin_nerfstudio.rendering.rasterize import rasterization
 from odin_nerfstudio.core.row_order import permute_rows, spatial_order
 from odin_nerfstudio.runtime.config import Topology
-from odin_nerfstudio.runtime.publication import Publisher
+from odin_nerfstudio.runtime.culling_index import Reach
+from odin_nerfstudio.runtime.publication import EarlyRows, Publisher
+from odin_nerfstudio.runtime.reads import ReadRecord
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig, Read, Wait
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.runtime.shadow import MEMORY_KINDS, ShadowGraph
@@ -600,3 +602,19 @@ def test_rasterizer_tasks_quality_equals_barrier_and_stats_match_full_renders() 
     torch.testing.assert_close(barrier_state["grad2d"], state["grad2d"], rtol=1e-5, atol=1e-9)
     torch.testing.assert_close(barrier_state["radii"], state["radii"])
     torch.testing.assert_close(results["barrier"][0]["means"], params["means"].detach(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_read_before_the_step_before_is_not_sure_of_that_steps_first_part() -> None:
+    """The early commit's check (``Validator.surely_valid``) counts a read as having seen a step's first part only
+    if it read after it: a read made two steps back, even after an earlier step's first part, missed it."""
+    runtime = make_runtime(OdinRuntimeConfig(mode="quality"), make_params(), topology=Topology(1))
+    task = dataclasses.replace(schedule_of(DENSE, 1, 1)[0][0][0], step=3)
+    candidate = runtime.index.candidates(task)
+    validator = Validator(4, runtime.index, None)
+    validator.published(1, candidate[:0])
+    first_part = EarlyRows(published=candidate[:1], pending=candidate[:0])
+    reach = Reach(grow=1.0, shift=0.0)
+    two_back = ReadRecord(candidate, read_mark=0, early=candidate[:0])  # read with step 1 published in part
+    assert not validator.surely_valid(task, two_back, 2, first_part, reach), "step 2's first part was missed"
+    after = ReadRecord(candidate, read_mark=1, early=candidate[:1])  # read after step 2's first part
+    assert validator.surely_valid(task, after, 2, first_part, reach)
