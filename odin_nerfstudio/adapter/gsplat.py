@@ -18,9 +18,8 @@ one fails loudly. See ``docs/architecture.md`` for where the adapter sits.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import torch
 from gsplat.cuda._torch_impl import _persp_proj, _quat_scale_to_covar_preci, _spherical_harmonics, _world_to_cam

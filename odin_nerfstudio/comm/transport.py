@@ -99,18 +99,27 @@ class FirstPart:
     update: SparseUpdate
     sent_bytes: tuple[int, ...] | None
 
+    @classmethod
+    def of(cls, merged: SparseUpdate, first: Tensor, sent_bytes: tuple[int, ...] | None) -> FirstPart:
+        """The first part of a merged update: its rows ``first`` (P, sorted), their sums as merged."""
+        return cls(merged.rows, restricted(merged, isin_sorted(merged.rows, first)), sent_bytes)
 
-def first_part(
-    rows: Sequence[Tensor], asked: Sequence[Tensor | None], merged: SparseUpdate | None, template: dict[str, Tensor]
-) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """U, P and per worker the mask of its rows in P, from each worker's rows [R_w] and asked rows (None: none).
 
-    ``merged`` (optional) is the merged update, whose rows are U already."""
-    device = next(iter(template.values())).device
-    union = merged.rows if merged is not None else union_sorted(list(rows), device)
-    wanted = union_sorted([a for a in asked if a is not None and a.numel()], device)
-    first = union[isin_sorted(union, wanted)]
-    return union, first, [isin_sorted(worker_rows, first) for worker_rows in rows]
+def chosen_rows(union: Tensor, asked: Sequence[Tensor | None]) -> Tensor:
+    """P: the rows of ``union`` (U, sorted) that some worker asked for first (None: it asks for none)."""
+    wanted = union_sorted([a for a in asked if a is not None and a.numel()], union.device)
+    return union[isin_sorted(union, wanted)]
+
+
+def first_bytes(
+    rows: Sequence[Tensor], asked_nbytes: Sequence[int], counts: Sequence[int], template: dict[str, Tensor]
+) -> tuple[int, ...]:
+    """Per worker, its message's bytes up to and with the first part: its rows, its asked rows (``asked_nbytes``)
+    and its ``counts`` gradient rows of P."""
+    width = row_bytes(template)
+    return tuple(
+        tensor_bytes(r) + asked + width * count for r, asked, count in zip(rows, asked_nbytes, counts, strict=True)
+    )
 
 
 def runs_of(rows: Tensor) -> Tensor:
@@ -200,14 +209,10 @@ class _Exchange:
     def _first_part(self, template: dict[str, Tensor]) -> FirstPart:
         """The merged update's asked-for rows (its sums, so the same bits) and each worker's bytes up to them."""
         rows = [c.rows for c in self.contributions]
-        union, first, masks = first_part(rows, self.asked, self.merged, template)
-        update = restricted(self.merged, isin_sorted(union, first))
-        width = row_bytes(template)
-        sent = tuple(
-            tensor_bytes(r) + asked_bytes(a) + width * int(m.sum())
-            for r, a, m in zip(rows, self.asked, masks, strict=True)
-        )
-        return FirstPart(union, update, sent)
+        first = chosen_rows(self.merged.rows, self.asked)
+        counts = [int(isin_sorted(r, first).sum()) for r in rows]
+        sent = first_bytes(rows, [asked_bytes(a) for a in self.asked], counts, template)
+        return FirstPart.of(self.merged, first, sent)
 
 
 class VirtualHandle:
@@ -714,7 +719,7 @@ class DistributedTransport:
 
     def _exchange(self, handle: DistributedHandle) -> tuple[SparseUpdate, ExchangeBytes]:
         """One exchange, from the header to the merge (in the progress thread). Where some rank asks for rows
-        first, the rows always travel and, once they have, the asked-for rows' gradients go first
+        first (and the exchange is not dense), the asked-for rows' gradients go once the rows have travelled
         (:meth:`_first`); the rest then travel by the chosen exchange without them."""
         update, shape, layout = handle.local_update, self.shape, self.stats_layout
         issued: list[tuple[str, int]] = []
@@ -777,8 +782,7 @@ class DistributedTransport:
         if first is not None:
             merged = joined([first.update, merged], stats)
         elif asks:
-            _, chosen, _ = first_part([merged.rows], asked, merged, self.template)
-            part = FirstPart(merged.rows, restricted(merged, isin_sorted(merged.rows, chosen)), None)
+            part = FirstPart.of(merged, chosen_rows(merged.rows, asked), None)
             with self.condition:
                 handle.first_part = part
         counted = sum(shape.all_gather(n) if kind == "all_gather" else shape.all_reduce(n) for kind, n in issued)
@@ -796,7 +800,9 @@ class DistributedTransport:
     ) -> tuple[FirstPart, list[Tensor]]:
         """Gather every rank's gradient rows of P (U n every rank's asked rows), sum them in rank order, and
         deliver them as the handle's :class:`FirstPart`; returns it and per rank the mask of its rows in P."""
-        union, first, masks = first_part(rank_rows, asked, None, self.template)
+        union = union_sorted(rank_rows, self.device)
+        first = chosen_rows(union, asked)
+        masks = [isin_sorted(r, first) for r in rank_rows]
         counts = [int(mask.sum()) for mask in masks]
         handle.part = "first rows"
         if max(counts, default=0):
@@ -809,11 +815,7 @@ class DistributedTransport:
             update = sum_in_order(parts, self.template)
         else:
             update = _unpack(first, packed[:0], self.template)
-        width = row_bytes(self.template)
-        sent = tuple(
-            tensor_bytes(r) + 8 * size.asked + width * count
-            for r, size, count in zip(rank_rows, sizes, counts, strict=True)
-        )
+        sent = first_bytes(rank_rows, [8 * size.asked for size in sizes], counts, self.template)
         part = FirstPart(union, update, sent)
         with self.condition:
             handle.first_part = part

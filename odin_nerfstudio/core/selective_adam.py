@@ -21,9 +21,8 @@ torch's Adam (tested). Weight decay, amsgrad and maximize are not supported.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor

@@ -51,13 +51,13 @@ class AdmissionPolicy:
     reads_every_row: ClassVar[bool] = False
     """Whether a task reads (and its update covers) every row of the model instead of its culled C(t)."""
     validates: ClassVar[bool] = True
+    """Whether a task's read is validated against the synchronous state before its update is exchanged."""
     publishes_first: ClassVar[bool] = True
+    """Whether a step's exchange asks for the rows the next step's reads need first (priority publication): for
+    modes whose reads overlap an unpublished step."""
     commits_early: ClassVar[bool] = False
     """Whether a worker's step may be committed (validated, exchanged) once the step before is published in its
     first part, when its reads are surely valid whatever the rest (quality-first: exact either way)."""
-    """Whether a step's exchange asks for the rows the next step's reads need first (priority publication): for
-    modes whose reads overlap an unpublished step."""
-    """Whether a task's read is validated against the synchronous state before its update is exchanged."""
 
     @classmethod
     def of(cls, config: OdinRuntimeConfig) -> AdmissionPolicy:

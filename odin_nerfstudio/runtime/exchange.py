@@ -72,11 +72,8 @@ class ExchangeBook:
     def start(self, step: int, worker: int, update: SparseUpdate, first: Tensor | None = None) -> None:
         """Send ``worker``'s update of ``step``, asking for ``first`` (sorted int64 rows) first if given."""
         start = self.meter.timeline.now()
-        transport = self.transports[worker]
-        if first is None:
-            handle = self.meter.in_transport(transport.start_exchange, step, update)
-        else:
-            handle = self.meter.in_transport(transport.start_exchange, step, update, first)
+        handle = self.meter.in_transport(self.transports[worker].start_exchange, step, update, first)
+        if first is not None:
             self._asked.add(step)
         self._handles.setdefault(step, {})[worker] = (handle, start)
 
