@@ -176,21 +176,27 @@ def _least_conflicting(cross: sp.csr_matrix, recent: deque[int], remaining: np.n
 
 
 def assign_lpt(
-    views: np.ndarray, cost: np.ndarray, num_workers: int, quota: int
+    views: np.ndarray, cost: np.ndarray, num_workers: int, quota: int, carried: Sequence[float] | None = None,
+    first: int = 0,
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[float, ...]]:
     """Longest-processing-time-first: views by decreasing cost to the least-loaded worker below ``quota`` views.
 
-    Ties go to the lower worker index. Returns per-worker view tuples [W] and predicted loads [W].
+    A worker's load starts at ``carried`` (its predicted cost in the epoch's earlier steps; zeros when None), so
+    the costliest view of a step goes to the worker that has had least to do, not always to worker 0. Ties go
+    to the worker after ``first - 1`` in index order (``first``, ``first + 1``, ..., wrapping). Returns per-worker
+    view tuples [W] and the step's own predicted loads [W] (without ``carried``).
     """
     tasks: list[list[int]] = [[] for _ in range(num_workers)]
+    start = list(carried) if carried is not None else [0.0] * num_workers
     loads = [0.0] * num_workers
-    heap = [(0.0, worker) for worker in range(num_workers)]
+    heap = [(start[worker], (worker - first) % num_workers, worker) for worker in range(num_workers)]
+    heapq.heapify(heap)
     for view in views[np.argsort(-cost[views], kind="stable")]:
-        load, worker = heapq.heappop(heap)
+        total, tie, worker = heapq.heappop(heap)
         tasks[worker].append(int(view))
-        loads[worker] = load + float(cost[view])
+        loads[worker] += float(cost[view])
         if len(tasks[worker]) < quota:
-            heapq.heappush(heap, (loads[worker], worker))
+            heapq.heappush(heap, (total + float(cost[view]), tie, worker))
     return tuple(tuple(t) for t in tasks), tuple(loads)
 
 

@@ -31,9 +31,13 @@ How, per epoch e (RNG seeded from (seed, e), so epoch e never needs epochs < e):
    pairs for the end), the epoch takes that random order instead, so a schedule is never worse than the
    random baseline it is measured against.
 3. Assign: longest-processing-time-first (LPT) within each step: views by decreasing predicted cost, each to
-   the least-loaded worker that holds fewer than its quota of views (B in a full step). Predicted cost of a
-   view: cost_per_point * (observed SfM points) + cost_per_pixel * (image pixels); the point term stands for
-   the Gaussians it touches, the pixel term for rasterization.
+   the worker with the least predicted cost so far in the epoch (its earlier steps' views, then this step's)
+   that holds fewer than its quota of views (B in a full step); ties go to workers in index order from
+   epoch mod W. Loads carry over steps because a worker that gets the costlier view of every step (W = 2,
+   B = 1, loads starting from zero at each step: always worker 0) would fall behind the others over the
+   epoch, an imbalance the overlapping modes cannot hide (the barrier waits on each step's costliest view
+   either way). Predicted cost of a view: cost_per_point * (observed SfM points) + cost_per_pixel * (image
+   pixels); the point term stands for the Gaussians it touches, the pixel term for rasterization.
 
 Complexity per epoch, with E RLG edges, mean degree d, G = V / S groups: O(V S d) for grouping (numpy work on
 each group's frontier, one Python iteration per view), O(E) for the group graph and the statistics, about
@@ -76,7 +80,7 @@ from odin_nerfstudio.scheduling.ordering import (
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
-VERSION = 2
+VERSION = 3
 _CACHED_EPOCHS = 2
 
 
@@ -271,9 +275,13 @@ class Schedule:
                 identically (e.g. a numpy RNG change), each with what to do.
         """
         data = json.loads(text)
-        if data.get("format") != FORMAT or data.get("version") != VERSION:
-            found = f"format={data.get('format')!r}, version={data.get('version')!r}"
-            raise ValueError(f"not an {FORMAT} v{VERSION} file ({found}); pass a file written by Schedule.save")
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} file (format={data.get('format')!r}); pass a file written by Schedule.save")
+        if data.get("version") != VERSION:
+            raise ValueError(
+                f"an {FORMAT} v{data.get('version')!r} file, this odin-nerfstudio writes v{VERSION} (its steps are "
+                "assigned differently); resume with the version that wrote it, or start a new run"
+            )
         schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels)
         if data["rlg_fingerprint"] != rlg.fingerprint() or data["num_views"] != schedule.num_views:
             raise ValueError(
@@ -324,8 +332,11 @@ class Schedule:
         if lag_mass is None:
             lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), ring)
         first = epoch * self.steps_per_epoch
-        steps = tuple(self._step(first + s, epoch, views, lag_mass[s], min(s, ring)) for s, views in enumerate(groups))
-        return EpochPlan(epoch=epoch, steps=steps, random_conflict_mass=random_mass)
+        steps, carried = [], [0.0] * self.config.num_workers
+        for s, views in enumerate(groups):
+            steps.append(self._step(first + s, epoch, views, lag_mass[s], min(s, ring), carried))
+            carried = [load + cost for load, cost in zip(carried, steps[-1].worker_cost)]
+        return EpochPlan(epoch=epoch, steps=tuple(steps), random_conflict_mass=random_mass)
 
     def _random_groups(self, epoch: int) -> list[np.ndarray]:
         """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S."""
@@ -338,10 +349,14 @@ class Schedule:
         groups = self._random_groups(epoch)
         return conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), 1)[:, 0]
 
-    def _step(self, index: int, epoch: int, views: np.ndarray, lag_mass: np.ndarray, max_lag: int) -> Step:
-        """Assemble one step: LPT tasks, conflict mass with the previous step and overlap window."""
+    def _step(
+        self, index: int, epoch: int, views: np.ndarray, lag_mass: np.ndarray, max_lag: int, carried: list[float]
+    ) -> Step:
+        """Assemble one step: LPT tasks (on top of each worker's ``carried`` cost in the epoch so far, ties from
+        worker ``epoch mod W`` on), conflict mass with the previous step and overlap window."""
         quota = min(self.config.views_per_worker, -(-len(views) // self.config.num_workers))
-        tasks, loads = assign_lpt(views, self.view_cost, self.config.num_workers, quota)
+        num_workers = self.config.num_workers
+        tasks, loads = assign_lpt(views, self.view_cost, num_workers, quota, carried, first=epoch % num_workers)
         limit, depth = self.config.overlap_threshold * len(views), 0
         while depth < max_lag and lag_mass[depth] <= limit:
             depth += 1

@@ -170,9 +170,10 @@ def test_more_task_slots_than_views_gives_one_step_per_epoch() -> None:
 
 
 def test_single_view_and_isolated_views() -> None:
-    """One view: one task per epoch. Views without tracks are scheduled like any other."""
+    """One view: one task per epoch, on worker epoch mod W (ties rotate). Views without tracks are scheduled like
+    any other."""
     single = Schedule(RelativeLocalityGraph.from_point_sets([np.array([1, 2, 3])]), ScheduleConfig(num_workers=2))
-    assert single.at(0).tasks == ((0,), ()) and single.at(5).tasks == ((0,), ())
+    assert single.at(0).tasks == ((0,), ()) and single.at(5).tasks == ((), (0,))
     isolated = [np.array([], np.int64)] * 6 + street_point_sets(10)
     schedule = Schedule(RelativeLocalityGraph.from_point_sets(isolated), ScheduleConfig(num_workers=3))
     assert_valid_epoch(schedule, 0)
@@ -186,6 +187,29 @@ def test_lpt_balances_predicted_cost() -> None:
     assert sorted(loads) == [26.0, 26.0]
     tasks, loads = assign_lpt(np.arange(3), np.array([100.0, 1.0, 1.0]), num_workers=2, quota=2)
     assert tasks == ((0,), (1, 2)) and loads == (100.0, 2.0)
+
+
+def test_lpt_carries_each_workers_load_over_the_epoch() -> None:
+    """With one view per worker, the costlier view of a step goes to the worker that has had least to do in the
+    epoch so far: each worker's predicted total ends within one view's cost of the others', where a fresh LPT
+    per step gives worker 0 the costlier view of every step."""
+    rng = np.random.default_rng(3)
+    rlg = RelativeLocalityGraph.from_point_sets(
+        [np.unique(rng.choice(500, size=rng.integers(20, 200))) for _ in range(56)]
+    )
+    schedule = Schedule(rlg, ScheduleConfig(num_workers=2))
+    for epoch in range(3):
+        steps = schedule.epoch(epoch).steps
+        totals = np.sum([step.worker_cost for step in steps], axis=0)
+        assert abs(totals[0] - totals[1]) <= schedule.view_cost.max()
+        assert {int(np.argmax(step.worker_cost)) for step in steps if step.balance > 1} == {0, 1}
+        fresh = [assign_lpt(np.array(step.views), schedule.view_cost, 2, 1)[1] for step in steps]
+        fresh_totals = np.sum(fresh, axis=0)
+        assert fresh_totals[0] - fresh_totals[1] > 5 * abs(totals[0] - totals[1])
+    tasks, _ = assign_lpt(np.arange(2), np.array([5.0, 1.0]), num_workers=2, quota=1, carried=[3.0, 0.0])
+    assert tasks == ((1,), (0,))
+    tasks, _ = assign_lpt(np.arange(2), np.array([5.0, 1.0]), num_workers=2, quota=1, carried=[0.0, 0.0], first=1)
+    assert tasks == ((1,), (0,))
 
 
 def test_balance_on_street_with_pixels() -> None:
@@ -230,6 +254,9 @@ def test_json_refuses_another_graph_or_costs_or_tampering(tmp_path: Path) -> Non
         Schedule.from_json(tampered, rlg)
     with pytest.raises(ValueError, match="not an odin-schedule"):
         Schedule.from_json('{"format": "other"}', rlg)
+    data["version"] = 2
+    with pytest.raises(ValueError, match="v2 file, this odin-nerfstudio writes v3"):
+        Schedule.from_json(json.dumps(data), rlg)
 
 
 def test_config_rejects_bad_values() -> None:
