@@ -81,9 +81,10 @@ class OdinTrainerConfig(TrainerConfig):
     replica_check_every: int = 500
     """Steps between checks that every rank's replica is bit-identical (distributed runs; 0: at the end only)."""
     expect_remote_writes: bool = True
-    """Distributed: treat the rows the other ranks' tasks would draw (known from the schedule, projected here; their
-    candidate sets without --check-escapes) as pending writes of their step, so a read that would miss one waits
-    instead of being re-run after validation."""
+    """Distributed: treat the rows the other ranks' tasks would write (known from the schedule; a view's active rows
+    from its last render here, else its drawn rows projected here once, or its candidate set without
+    --check-escapes) as pending writes of their step, so a read that would miss one waits instead of being re-run
+    after validation."""
     rank0_work_timeout_s: float = 3600.0
     """Distributed: how long the other ranks wait at a barrier for rank 0's evaluation or checkpoint (which do not
     count against --runtime.wait-timeout-s)."""

@@ -95,11 +95,14 @@ class RemoteTasks:
     """Predicted writes of tasks not read here yet: those other processes run (a distributed run knows them from the
     shared schedule), and this process's own that a read runs ahead of.
 
-    Until their step is published, their predicted writes, computed on this replica when first needed, count as
-    that step's pending writes, so a read that would miss one of them waits for the publication instead of reading
-    early and being re-run after validation. The prediction is the rows the rasterizer would draw for the task on
-    the current state when a ``predict`` function is given (tight: A(t) is what a render draws and moves), else
-    its candidate set C(t) (a superset: the margin, the bounding spheres). A prediction only: validation decides.
+    Until their step is published, their predicted writes count as that step's pending writes, so a read that would
+    miss one of them waits for the publication instead of reading early and being re-run after validation. A
+    view's prediction is the rows it last wrote here (A(t) of this process's latest render of it, :meth:`saw`),
+    else the rows the rasterizer would draw for it on the current state when a ``predict`` function is given
+    (tight: A(t) is what a render draws and moves; computed once per view), else its candidate set C(t) (a
+    superset: the margin, the bounding spheres). Rows are renamed by a structural change, which forgets every
+    view's rows. A prediction only: validation decides, so a view's rows from an epoch ago serve as well as a
+    fresh projection of every row in its frustum, at the cost of a dictionary look-up.
     """
 
     def __init__(self, index: CullingIndex, predict: Callable[[Task], Tensor] | None = None) -> None:
@@ -107,6 +110,9 @@ class RemoteTasks:
         self.predict = predict if predict is not None else index.candidates
         self._tasks: dict[int, list[Task]] = {}
         self._rows: dict[int, Tensor] = {}
+        self._by_view: dict[int, Tensor] = {}
+        self.projections = 0
+        """How many views' writes were projected (not known from a render or an earlier prediction)."""
 
     def expect(self, tasks: Sequence[Task]) -> None:
         """Add tasks not read yet: other processes' tasks, or this process's own that a later step's read runs
@@ -115,19 +121,32 @@ class RemoteTasks:
             self._tasks.setdefault(task.step, []).append(task)
             self._rows.pop(task.step, None)
 
+    def saw(self, view: int, rows: Tensor) -> None:
+        """A render of ``view`` here wrote ``rows`` (its A(t), sorted int64): the view's next prediction."""
+        self._by_view[view] = rows
+
     def writes(self, before_step: int, published_through: int) -> list[StepRows]:
-        """The candidate sets of the expected tasks of unpublished steps < ``before_step``, one union per step."""
+        """The predicted writes of the expected tasks of unpublished steps < ``before_step``, one union per step."""
         for step in [s for s in self._tasks if s <= published_through]:
             del self._tasks[step]
             self._rows.pop(step, None)
         writes = []
         for step in sorted(s for s in self._tasks if s < before_step):
             if step not in self._rows:
-                sets = [self.predict(task) for task in self._tasks[step]]
+                sets = [self._predicted(task) for task in self._tasks[step]]
                 self._rows[step] = union_sorted(sets, self.index.params["means"].device)
             writes.append(StepRows(step, self._rows[step]))
         return writes
 
+    def _predicted(self, task: Task) -> Tensor:
+        """The view's known rows, else its projection (kept for the view's next task)."""
+        if task.view not in self._by_view:
+            self._by_view[task.view] = self.predict(task)
+            self.projections += 1
+        return self._by_view[task.view]
+
     def forget_rows(self) -> None:
-        """Drop the culled sets (a structural change renamed the rows; they are culled again when needed)."""
+        """Drop the culled sets and every view's rows (a structural change renamed the rows; they are culled again
+        when needed)."""
         self._rows.clear()
+        self._by_view.clear()

@@ -244,11 +244,13 @@ class OdinRuntime:
         self.progress()
 
     def _stage(self, read: Read, info: dict[str, Any] | None) -> None:
-        """Stage A(t), its gradients and its statistics; then free the task's leaves and grads."""
+        """Stage A(t), its gradients and its statistics (A(t) is also the view's next predicted writes); then free the
+        task's leaves and grads."""
         stats = None
         if self.strategy_state is not None and info is not None:
             stats = self.adapter.task_stats(info, read.candidate)
         active = active_positions(self.adapter, info, read.leaves)
+        self.remote.saw(read.task.view, read.candidate.index_select(0, active))
         self.shadow.stage_task(read.task.key, read.candidate, read.leaves, active, () if stats is None else (stats,))
 
     @bookkeeping

@@ -200,3 +200,28 @@ def test_remote_writes_are_predicted_by_the_rows_a_task_would_draw() -> None:
     assert predicted.step == 0 and torch.equal(predicted.rows, drawn)
     candidate = runtime.index.candidates(task)
     assert drawn.numel() < candidate.numel()
+
+
+def test_a_view_rendered_here_is_predicted_by_its_active_rows_and_projected_once_otherwise() -> None:
+    """A view's predicted writes are its A(t) from its last render on this process, else its drawn rows projected
+    once and kept for its next task; a structural change (remap) forgets them."""
+    check = EscapeCheck(gsplat_visibility, lambda task: CullRegion.drawable(task.camera))
+    config = OdinRuntimeConfig(mode="quality", record_reads=True)
+    runtime = make_runtime(config, make_params(80), render_fn=render_gsplat, visibility_fn=check)
+    schedule = make_schedule(3, 1, 1, 6)
+    (first,) = schedule[0][0]
+    runtime.finish(runtime.read_next([first]))
+    staged = runtime.published_rows[0]
+    again = Task(2, 0, 0, first.view, first.camera)
+    runtime.expect([again])
+    (predicted,) = runtime.remote.writes(before_step=3, published_through=0)
+    assert torch.equal(predicted.rows, staged) and runtime.remote.projections == 0
+    other = next(task for step in schedule for (task,) in step if task.view != first.view)
+    later = [Task(s, 0, 0, other.view, other.camera) for s in (5, 6)]
+    runtime.expect(later)
+    writes = runtime.remote.writes(before_step=7, published_through=0)
+    assert runtime.remote.projections == 1 and torch.equal(writes[1].rows, writes[2].rows)
+    runtime.remap(torch.arange(runtime.num_primitives))
+    runtime.expect([Task(7, 0, 0, first.view, first.camera)])
+    runtime.remote.writes(before_step=8, published_through=0)
+    assert runtime.remote.projections == 3  # both views projected again, the still-expected one once for two steps
