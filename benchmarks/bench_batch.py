@@ -1,9 +1,11 @@
-"""Batch benchmark: the same views trained by one worker and by W virtual workers, Grendel's rule on (and off).
+"""Batch benchmark: the same views trained by one worker and by W virtual workers, the batch rule on (and off).
 
 Why: a W x B step sums W x B views' gradients into ONE Adam update; without a rule, W workers take W x fewer,
 larger updates and densify at other epochs than one worker (``odin_nerfstudio/ns/batch_scaling.py``). With the
-rule (lr x sqrt(W x B), betas ** (W x B), schedules counted in views) the held-out PSNR of W workers should match
-one worker's: the target is within 0.3 dB, judged on the difference of the means over several seeds per side.
+rule (``--rule adaptive``, the default: lr x sqrt(W x B) x sqrt(r), r measured on the steps; ``--rule sqrt``:
+Grendel's lr x sqrt(W x B); both with betas ** (W x B) and schedules counted in views) the held-out PSNR of W
+workers should match one worker's: the target is within 0.3 dB, judged on the difference of the means over several
+seeds per side.
 
 Runs: ``ns-train odin-splat-quick --machine.device-type cpu`` at ``--scale`` of the scene's images, ``--views``
 views in all: one worker for ``views`` iterations, W workers (B = 1, in one process) for ``views / W``; each side
@@ -16,7 +18,8 @@ the warmup of 100, so the rule's conversion is exact). Then ``ns-eval`` on each 
 its Gaussian count at every step (``--logging.steps-per-log 1``); the table counts the steps after which it
 changed, i.e. the refinements that grew or pruned.
 
-Usage: ``python benchmarks/bench_batch.py [--views 400] [--workers 4] [--seeds 1 2 3 4] [--no-off]``; rewrites the
+Usage: ``python benchmarks/bench_batch.py [--rule adaptive|sqrt] [--views 400] [--workers 4] [--seeds 1 2 3 4]
+[--no-off]``; rewrites the
 section between ``<!-- bench_batch:start -->`` and ``<!-- bench_batch:end -->`` of BENCHMARKS.md unless
 ``--no-write`` (another ``--scene`` than the default writes ``bench_batch_<its folder name>``'s section: fern's
 is made by ``--scene /work/shared/data/fern --eval-interval 5 --scale 0.16 --seeds 1 2 3 --no-off``, where that
@@ -53,7 +56,7 @@ class BatchRun:
     """One training run: its workers, rule and seed, what it trained, and its held-out metrics."""
 
     workers: int
-    rule: bool
+    rule: str
     seed: int
     iterations: int
     changed_after_steps: list[int]
@@ -63,13 +66,15 @@ class BatchRun:
     ssim: float
     independence: dict[int, dict[str, float]]
     """:func:`view_independence` by step, then by parameter group (empty when not measured)."""
+    gains: dict[str, float]
+    """The adaptive rule's final gain sqrt(r) per parameter group (1 where it did not run)."""
 
     @property
     def label(self) -> str:
-        """The run's side: '1 worker', 'W workers, rule on' or 'W workers, rule off'."""
+        """The run's side: '1 worker' or 'W workers, rule <adaptive|sqrt|off>'."""
         if self.workers == 1:
             return "1 worker"
-        return f"{self.workers} workers, rule {'on' if self.rule else 'off'}"
+        return f"{self.workers} workers, rule {self.rule}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scene", type=Path, default=DEFAULT_SCENE, help="COLMAP scene (another than the default: its own section)"
     )
     parser.add_argument("--eval-interval", type=int, default=4, help="odin-colmap holds out every n-th view")
+    parser.add_argument(
+        "--rule", choices=("adaptive", "sqrt"), default="adaptive", help="the batch rule of the W-worker runs"
+    )
     parser.add_argument("--views", type=int, default=400, help="views trained by each run")
     parser.add_argument("--workers", type=int, default=4, help="W, virtual workers of the batched runs (B = 1)")
     parser.add_argument("--scale", type=float, default=0.25, help="camera resolution factor of the scene's images")
@@ -109,12 +117,12 @@ def run(command: list[str], timeout: float) -> str:
     return result.stdout + result.stderr
 
 
-def train(args: argparse.Namespace, folder: Path, workers: int, rule: bool, seed: int, measure: bool) -> BatchRun:
-    """Train ``args.views`` views on ``workers`` virtual workers (rule on or off), then evaluate the final checkpoint
+def train(args: argparse.Namespace, folder: Path, workers: int, rule: str, seed: int, measure: bool) -> BatchRun:
+    """Train ``args.views`` views on ``workers`` virtual workers under ``rule``, then evaluate the final checkpoint
     (and, when ``measure``, how independent the views' gradients are at :func:`measured_steps`)."""
     iterations = args.views // workers
     measure_at = measured_steps(iterations) if measure else []
-    name = f"w{workers}-rule{int(rule)}-seed{seed}"
+    name = f"w{workers}-{rule}-seed{seed}"
     command = [
         str(BIN / "ns-train"),
         "odin-splat-quick",
@@ -155,7 +163,7 @@ def train(args: argparse.Namespace, folder: Path, workers: int, rule: bool, seed
         "--pipeline.model.refine-every",
         str(args.refine_every),
         "--pipeline.model.batch-scaling",
-        str(rule),
+        rule,
         "odin-colmap",
         "--eval-interval",
         str(args.eval_interval),
@@ -170,8 +178,30 @@ def train(args: argparse.Namespace, folder: Path, workers: int, rule: bool, seed
     changed, gaussians = count_changes(run_dir)
     independence = {step: view_independence(run_dir / "config.yml", step, args.workers) for step in measure_at}
     return BatchRun(
-        workers, rule, seed, iterations, changed, gaussians, train_s, results["psnr"], results["ssim"], independence
+        workers,
+        rule,
+        seed,
+        iterations,
+        changed,
+        gaussians,
+        train_s,
+        results["psnr"],
+        results["ssim"],
+        independence,
+        final_gains(run_dir),
     )
+
+
+def final_gains(run_dir: Path) -> dict[str, float]:
+    """Per parameter group, the learning-rate gain its optimizer held at the run's last checkpoint."""
+    import torch
+
+    from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+
+    allow_nerfstudio_checkpoints()
+    newest = max((run_dir / "nerfstudio_models").glob("step-*.ckpt"))
+    optimizers = torch.load(newest, map_location="cpu")["optimizers"]
+    return {name: state["param_groups"][0].get("lr_gain", 1.0) for name, state in optimizers.items()}
 
 
 def count_changes(run_dir: Path) -> tuple[list[int], int]:
@@ -262,7 +292,7 @@ def report(args: argparse.Namespace, command: str, runs: list[BatchRun]) -> str:
     lines = [
         (
             f"## bench_batch ({args.scene.resolve().name}): {args.views} views by 1 worker and by {args.workers} "
-            "virtual workers (Grendel's rule)"
+            f"virtual workers (batch rule: {args.rule})"
         ),
         "",
         f"Command: `{command}`  ",
@@ -294,7 +324,7 @@ def report(args: argparse.Namespace, command: str, runs: list[BatchRun]) -> str:
         delta = "-" if label == "1 worker" else f"{mean - one_mean:+.2f} dB"
         spread = f" +- {std:.2f}" if len(batches) > 1 else ""
         lines.append(f"| {label} | {len(batches)} | {mean:.2f}{spread} dB | {ssim:.3f} | {delta} |")
-    on_label, off_label = f"{args.workers} workers, rule on", f"{args.workers} workers, rule off"
+    on_label, off_label = f"{args.workers} workers, rule {args.rule}", f"{args.workers} workers, rule off"
     on_mean, on_std = mean_spread([batch.psnr for batch in sides[on_label]])
     gap = on_mean - one_mean
     # The standard error of a difference of two independent means: sqrt(s1^2 / n1 + s2^2 / n2).
@@ -302,9 +332,9 @@ def report(args: argparse.Namespace, command: str, runs: list[BatchRun]) -> str:
     lines += [
         "",
         (
-            f"Target: {args.workers} workers with the rule within {TARGET_DB} dB of one worker, on the means of "
-            f"{len(args.seeds)} seeds per side: **{'met' if abs(gap) <= TARGET_DB else 'missed'}** ({gap:+.2f} dB, "
-            f"standard error of the difference {error:.2f} dB). Each seed draws the model's initialisation and the "
+            f"Target: {args.workers} workers with the {args.rule} rule within {TARGET_DB} dB of one worker, on the "
+            f"means of {len(args.seeds)} seeds per side: **{'met' if abs(gap) <= TARGET_DB else 'missed'}** "
+            f"({gap:+.2f} dB, standard error of the difference {error:.2f} dB). Each seed draws the model's initialisation and the "
             "schedule's view order, so the spread is run-to-run noise of this setting."
         ),
         *(
@@ -329,6 +359,18 @@ def report(args: argparse.Namespace, command: str, runs: list[BatchRun]) -> str:
             )
             + "."
         ),
+        *(
+            [
+                f"The adaptive rule's gain sqrt(r) at the end of each {args.workers}-worker run, per group: "
+                + "; ".join(
+                    f"seed {batch.seed}: " + ", ".join(f"{name} {gain:.2f}" for name, gain in batch.gains.items())
+                    for batch in sides[on_label]
+                )
+                + "."
+            ]
+            if args.rule == "adaptive"
+            else []
+        ),
         (
             "Refinements that changed the count: steps after which the Gaussian count logged differs from the step "
             "before. train s: wall time of the ns-train command, start-up included, on a shared machine (see its load)."
@@ -338,12 +380,12 @@ def report(args: argparse.Namespace, command: str, runs: list[BatchRun]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train one worker and W workers with the rule per seed, and (unless --no-off) W workers without it once."""
+    """Train one worker and W workers with the rule per seed, and (unless --no-off) W workers without one once."""
     args = parse_args(argv)
     command = "python " + shlex.join(["benchmarks/bench_batch.py", *(sys.argv[1:] if argv is None else argv)])
-    plan = [(workers, True, seed) for seed in args.seeds for workers in (1, args.workers)]
+    plan = [(workers, args.rule, seed) for seed in args.seeds for workers in (1, args.workers)]
     if not args.no_off:
-        plan.append((args.workers, False, args.seeds[0]))
+        plan.append((args.workers, "off", args.seeds[0]))
     with tempfile.TemporaryDirectory(prefix="bench_batch_") as tmp:
         runs = []
         for workers, rule, seed in plan:

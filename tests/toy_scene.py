@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.rendering.rasterize import rasterization
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
@@ -155,8 +156,10 @@ def make_runtime(
     strategy_state: dict | None = None,
     lr_scale: float = 1.0,
     topology: Topology = Topology(),
+    batch_gain: AdaptiveGain | None = None,
 ) -> OdinRuntime:
-    """A runtime over ``params`` with selective Adams (LRS x lr_scale) and a virtual transport for its W workers."""
+    """A runtime over ``params`` with selective Adams (LRS x lr_scale) and a virtual transport for its W workers
+    (and the adaptive batch rule's gain, if given)."""
     transport = VirtualTransport(topology.num_workers, params)
     return OdinRuntime(
         config,
@@ -167,6 +170,7 @@ def make_runtime(
         visibility_fn=visibility_fn,
         strategy_state=strategy_state,
         topology=topology,
+        batch_gain=batch_gain,
     )
 
 

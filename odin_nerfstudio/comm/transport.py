@@ -12,7 +12,8 @@ Every wait has a timeout and its error names what it waited for.
 :class:`DistributedTransport` is the torch.distributed backend. Its design, in four decisions:
 
 - A progress thread per transport owns every collective of the exchanges. ``start_exchange`` only queues (step,
-  update); the thread issues the header all_gather (each rank's rows, statistics entries, tasks, span), waits,
+  update); the thread issues the header all_gather (each rank's rows, statistics entries, tasks, span, and its
+  tasks' squared gradient norms, ``SparseUpdate.sq_norms``, float64 bits as int64), waits,
   issues the payload sized from it, waits, merges and marks the handle done. Why: a payload sized from the header
   cannot be issued with it, and when the main thread issued it (at its next ``done()`` / ``wait()``), a rank deep
   in a long render held back every rank's payload. Now progress never depends on a rank polling; ``done()`` never
@@ -331,13 +332,29 @@ def _entries(stats: dict[str, Tensor]) -> int:
     return next(iter(stats.values())).shape[0]
 
 
-def _sizes_of(update: SparseUpdate, first: Tensor | None) -> list[int]:
-    """[rows, statistics entries, tasks with statistics, span, asked rows, asks] of a local update and the rows it
-    asks for first (the header every rank gathers)."""
+def _header(update: SparseUpdate, first: Tensor | None, num_params: int, device: torch.device) -> Tensor:
+    """The header every rank gathers, int64 [6 + G]: [rows, statistics entries, tasks with statistics, span, asked
+    rows, asks] of a local update and the rows it asks for first, then its ``sq_norms`` (zeros without any) as
+    float64 bits."""
     span = int(update.rows[-1]) + 1 if update.rows.numel() else 0
     asked = 0 if first is None else runs_of(first).numel()
     entries = sum(_entries(s) for s in update.stats)
-    return [update.rows.numel(), entries, len(update.stats), span, asked, int(first is not None)]
+    sizes = [update.rows.numel(), entries, len(update.stats), span, asked, int(first is not None)]
+    norms = torch.zeros(num_params, dtype=torch.float64) if update.sq_norms is None else update.sq_norms
+    return torch.cat([torch.tensor(sizes, dtype=torch.int64), norms.cpu().view(torch.int64)]).to(device)
+
+
+def _read_headers(headers: list[Tensor]) -> tuple[list[_Sizes], Tensor]:
+    """Every rank's sizes, and their ``sq_norms`` added in rank order from zeros (float64 [G], the bits
+    ``summed_sq_norms`` gives the in-process exchange), from the gathered headers."""
+    gathered = torch.stack(headers).cpu()
+    fields = len(dataclasses.fields(_Sizes))
+    sizes = [_Sizes(*values) for values in gathered[:, :fields].tolist()]
+    norms = gathered[:, fields:].contiguous().view(torch.float64)
+    total = torch.zeros(norms.shape[1], dtype=torch.float64)
+    for rank_norms in norms:
+        total.add_(rank_norms)
+    return sizes, total
 
 
 def _padded(tensor: Tensor, length: int) -> Tensor:
@@ -419,12 +436,13 @@ CHOICES: tuple[str, ...] = ("sparse", "union", "dense")
 @dataclass(frozen=True)
 class _Shape:
     """What the byte formulas need besides the ranks' sizes: W, the packed gradient width D and its element size,
-    the statistics' layout."""
+    the statistics' layout, and G, the parameters (whose squared norms ride in the header)."""
 
     world_size: int
     width: int
     itemsize: int
     layout: StatsLayout
+    num_params: int
 
     def all_gather(self, nbytes: int) -> int:
         """Bytes a rank sends (and receives) in a ring all_gather of ``nbytes`` per rank: (W - 1) x nbytes."""
@@ -443,7 +461,7 @@ class _Shape:
         message with (without) the rows' padding, N the largest span, 4 the gradients' element size.
         """
         longest = _longest(sizes)
-        header = self.all_gather(len(dataclasses.fields(_Sizes)) * 8)
+        header = self.all_gather((len(dataclasses.fields(_Sizes)) + self.num_params) * 8)
         index_columns = longest.entries * len(self.layout.index_names) + longest.tasks
         values = 0
         if longest.entries and self.layout.value_names:
@@ -639,6 +657,7 @@ class DistributedTransport:
             sum(math.prod(ref.shape[1:]) for ref in template.values()),
             dtypes.pop().itemsize,
             self.stats_layout,
+            len(template),
         )
         self.condition = threading.Condition()
         self._queue: queue.SimpleQueue[DistributedHandle | None] = queue.SimpleQueue()
@@ -723,10 +742,10 @@ class DistributedTransport:
         (:meth:`_first`); the rest then travel by the chosen exchange without them."""
         update, shape, layout = handle.local_update, self.shape, self.stats_layout
         issued: list[tuple[str, int]] = []
-        header = torch.tensor(_sizes_of(update, handle.asked), dtype=torch.int64, device=self.device)
+        header = _header(update, handle.asked, len(self.template), self.device)
         headers, work = self._all_gather(header, issued)
         self._wait(work, handle, "row counts")
-        sizes = [_Sizes(*values) for values in torch.stack(headers).tolist()]
+        sizes, sq_norms = _read_headers(headers)
         longest = _longest(sizes)
         asks = bool(longest.asks)
         predicted = shape.predict(sizes, estimated_union(sizes))
@@ -781,7 +800,8 @@ class DistributedTransport:
             merged = self._dense(handle, rows, span, packed, stats, issued)
         if first is not None:
             merged = joined([first.update, merged], stats)
-        elif asks:
+        merged = dataclasses.replace(merged, sq_norms=sq_norms)
+        if first is None and asks:
             part = FirstPart.of(merged, chosen_rows(merged.rows, asked), None)
             with self.condition:
                 handle.first_part = part

@@ -16,7 +16,8 @@ layout gsplat's strategies expect (``optimizers: Dict[str, Optimizer]``), so gsp
 The arithmetic on the selected rows is the one of ``torch.optim.Adam(foreach=False)``'s single-tensor path
 (``lerp_``, ``mul_().addcmul_()``, ``sqrt() / bias_correction2_sqrt``, ``add_(eps)``, ``addcdiv_``) applied to
 the gathered rows; these are element-wise kernels, so with every row selected the result is bit-identical to
-torch's Adam (tested). Weight decay, amsgrad and maximize are not supported.
+torch's Adam (tested). Weight decay, amsgrad and maximize are not supported. A step takes the group's ``lr`` times
+its batch gain, 1 unless the runtime's adaptive batch rule sets one (``core/batch_gain.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
+
+from odin_nerfstudio.core.batch_gain import scaled_lr
 
 
 class SelectiveAdam(torch.optim.Optimizer):
@@ -100,7 +103,7 @@ class SelectiveAdam(torch.optim.Optimizer):
                 step = state["step"].item()
                 bias_correction1 = 1 - beta1**step
                 bias_correction2 = 1 - beta2**step
-                step_size = group["lr"] / bias_correction1
+                step_size = scaled_lr(group) / bias_correction1
                 bias_correction2_sqrt = bias_correction2**0.5
                 exp_avg = state["exp_avg"].index_select(0, rows)
                 exp_avg_sq = state["exp_avg_sq"].index_select(0, rows)
@@ -136,7 +139,7 @@ class SelectiveAdam(torch.optim.Optimizer):
         if ratio >= 1.0 or step < 1.0:
             return math.inf
         series = (1.0 - beta1) / math.sqrt(1.0 - beta2) / (1.0 - ratio)
-        return 1.01 * group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) * series
+        return 1.01 * scaled_lr(group) * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) * series
 
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         """Not supported: a selective optimizer must be told its rows; use :meth:`step_rows`."""

@@ -27,11 +27,15 @@ class SparseUpdate:
         grads: per parameter name, gradient rows aligned with ``rows``, [M, ...].
         stats: per task, in the order of the sum, its statistics: per name a 1-D tensor [M_t] (the render
             adapter's ``stats_schema``; tasks without any are absent).
+        sq_norms: per parameter, in ``grads``' order, the squared norms of the gradients of the tasks it sums,
+            summed in their order, float64 [G] (``batch_gain.squared_norms`` of each task's; what the adaptive batch
+            rule measures r with); None where not measured (an empty update, a first part).
     """
 
     rows: Tensor
     grads: dict[str, Tensor]
     stats: tuple[dict[str, Tensor], ...] = ()
+    sq_norms: Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -54,7 +58,7 @@ def densified(update: SparseUpdate, num_rows: int) -> SparseUpdate:
         name: grad.new_zeros((num_rows, *grad.shape[1:])).index_copy_(0, update.rows, grad)
         for name, grad in update.grads.items()
     }
-    return SparseUpdate(rows=rows, grads=grads, stats=update.stats)
+    return SparseUpdate(rows=rows, grads=grads, stats=update.stats, sq_norms=update.sq_norms)
 
 
 def restricted(update: SparseUpdate, keep: Tensor) -> SparseUpdate:
@@ -62,12 +66,27 @@ def restricted(update: SparseUpdate, keep: Tensor) -> SparseUpdate:
     return SparseUpdate(rows=update.rows[keep], grads={name: grad[keep] for name, grad in update.grads.items()})
 
 
-def joined(parts: Sequence[SparseUpdate], stats: tuple[dict[str, Tensor], ...] = ()) -> SparseUpdate:
-    """Updates over disjoint rows as one, rows sorted (nothing is summed, so no bit changes), with ``stats``."""
+def joined(
+    parts: Sequence[SparseUpdate], stats: tuple[dict[str, Tensor], ...] = (), sq_norms: Tensor | None = None
+) -> SparseUpdate:
+    """Updates over disjoint rows as one, rows sorted (nothing is summed, so no bit changes), with ``stats`` and
+    ``sq_norms``."""
     rows = torch.cat([part.rows for part in parts])
     order = torch.argsort(rows)
     grads = {name: torch.cat([part.grads[name] for part in parts])[order] for name in parts[0].grads}
-    return SparseUpdate(rows=rows[order], grads=grads, stats=stats)
+    return SparseUpdate(rows=rows[order], grads=grads, stats=stats, sq_norms=sq_norms)
+
+
+def summed_sq_norms(updates: Sequence[SparseUpdate]) -> Tensor | None:
+    """The updates' ``sq_norms`` added in the given order from zeros (an update without any adds nothing; adding
+    +0.0 changes no bit, so a transport may send zeros for it), float64 [G]; None when none has them."""
+    parts = [update.sq_norms for update in updates if update.sq_norms is not None]
+    if not parts:
+        return None
+    total = torch.zeros_like(parts[0])
+    for part in parts:
+        total.add_(part)
+    return total
 
 
 def tensor_bytes(tensor: Tensor) -> int:
@@ -110,7 +129,8 @@ def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -
             else:
                 total.index_add_(0, position, update.grads[name])
         grads[name] = total
-    return SparseUpdate(rows=rows, grads=grads, stats=tuple(s for update in updates for s in update.stats))
+    stats = tuple(s for update in updates for s in update.stats)
+    return SparseUpdate(rows=rows, grads=grads, stats=stats, sq_norms=summed_sq_norms(updates))
 
 
 def _same_rows(rows: Tensor, union: Tensor) -> bool:

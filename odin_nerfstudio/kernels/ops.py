@@ -30,9 +30,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.core.batch_gain import scaled_lr
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
-from odin_nerfstudio.core.sparse import SparseUpdate
+from odin_nerfstudio.core.sparse import SparseUpdate, summed_sq_norms
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion, block_coefficients
 from odin_nerfstudio.kernels import _backend, _torch_impl
 
@@ -140,8 +141,8 @@ def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor
         template: per name, a tensor [N, ...] giving the gradients' trailing shape, dtype and device.
 
     Returns:
-        The update on the sorted union of rows [U] with summed gradients [U, ...] and every task's statistics in
-        order (as ``sum_in_order``).
+        The update on the sorted union of rows [U] with summed gradients [U, ...], every task's statistics in
+        order and their squared norms summed in order (as ``sum_in_order``).
     """
     device = next(iter(template.values())).device
     # One update is its own sum (the reference returns it as is): no copy, no op call.
@@ -154,7 +155,8 @@ def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor
         [torch.cat([u.grads[name].contiguous() for u in updates]) for name in template],
     )
     stats = tuple(s for update in updates for s in update.stats)
-    return SparseUpdate(rows=rows, grads=dict(zip(template, sums, strict=True)), stats=stats)
+    grads = dict(zip(template, sums, strict=True))
+    return SparseUpdate(rows=rows, grads=grads, stats=stats, sq_norms=summed_sq_norms(updates))
 
 
 PublicationPart = Literal["whole", "first", "rest"]
@@ -172,7 +174,7 @@ def _advance(optimizer: SelectiveAdam, advance: bool = True) -> list[float]:
     step = state["step"].item()  # the step counter is a CPU tensor (``_state_of``): no device synchronization
     beta1, beta2 = group["betas"]
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-    step_size = group["lr"] / (1 - beta1**step)
+    step_size = scaled_lr(group) / (1 - beta1**step)
     return [1 - beta1, beta2, 1 - beta2, bias_correction2_sqrt, group["eps"], -step_size]
 
 

@@ -1,4 +1,8 @@
-"""Grendel's batch-size rule: learning rates, Adam's momenta and every schedule of a W x B step, counted in views.
+"""The batch rule: learning rates, Adam's momenta and every schedule of a W x B step, counted in views.
+
+Three rules (``--pipeline.model.batch-scaling``): ``adaptive`` (the default), Grendel's rule below with the learning
+rates' sqrt(W x B) times a measured gain sqrt(r) (``core/batch_gain.py``); ``sqrt``, Grendel's rule as it is; ``off``,
+every rate and count as configured, per iteration (``True`` / ``False`` still mean ``adaptive`` / ``off``).
 
 Why: one odin-splat iteration publishes ONE selective-Adam update from the W x B views of a schedule step, while the
 configs (splatfacto's learning rates, their schedulers, the densification intervals) are written for one view per
@@ -17,11 +21,22 @@ uncorrelated gradients is sqrt(bsz) one-view steps long, as ``bsz`` one-view ste
 sum of their squared norms is 1 when they are independent and ``bsz`` when identical, and Adam's step on the sum
 matches ``bsz`` one-view steps at about lr x sqrt(bsz x r) (r is a ratio over a whole group, Adam's per coordinate).
 It holds late and fails early: on CPU at 80x60 with 4 views, r is 1.6 to 3.2 after 26 views, 1.1 to 2.4 after 101
-and 0.75 to 1.2 after 400 (kermit_320 and fern, BENCHMARKS.md), so in the first hundred views the rule takes shorter
-steps than one worker, and a short run of 4 workers ends below one worker's (fern, ibid.). Grendel's densification
-statistics are per image (``GaussianModel.add_densification_stats`` once per camera of the batch, on that camera's
-screen-space gradient, not divided by ``bsz``) and so are ours (the runtime accumulates each task's, one view's,
-statistics), so the densification threshold needs no scaling.
+and 0.75 to 1.2 after 400 (kermit_320 and fern, BENCHMARKS.md), so in the first hundred views sqrt(bsz) takes
+shorter steps than one worker, and a short run of 4 workers ends below one worker's (fern, ibid.).
+
+Hence the adaptive rule: lr x sqrt(bsz) x sqrt(r), with r measured on the steps themselves (the runtime sums the
+squared norms of each task's gradient in task and worker order, they travel with the exchange, and the merged
+gradient gives the numerator), averaged over the views Adam's first moment remembers, clamped to [1, bsz], and taken
+from the steps already wholly published (a step published in two parts, priority publication's, uses one gain).
+``core/batch_gain.py`` says why each choice; betas ** bsz, eps and the schedules counted in views are Grendel's.
+On fern (3 seeds per side, BENCHMARKS.md) 4 workers under it end 0.12 dB below one worker (Grendel's rule: 2.38 dB),
+with a standard error of 1.33 dB (one run per side about 2.8 dB below the others); the gains it measured on the
+steps' views were 1.25 to 1.8 at the end (r above the random view sets' 1: a schedule step's views are not a random
+draw).
+
+Grendel's densification statistics are per image (``GaussianModel.add_densification_stats`` once per camera of the
+batch, on that camera's screen-space gradient, not divided by ``bsz``) and so are ours (the runtime accumulates each
+task's, one view's, statistics), so the densification threshold needs no scaling.
 
 One difference remains: Grendel steps a dense Adam, ours is selective (a row's moments move only at the updates
 that touch it), so ``beta ** bsz`` decays a row seen in k < bsz of a step's views as if it had been seen bsz times.
@@ -53,15 +68,23 @@ from typing import Any, Dict, List, Tuple
 
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
-OFF_FLAG = "--pipeline.model.batch-scaling False"
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
+
+FLAG = "--pipeline.model.batch-scaling"
+RULES = ("adaptive", "sqrt", "off")
+"""The batch rules, by the flag's values."""
+OFF_FLAG = f"{FLAG} off"
 
 
 @dataclass(frozen=True)
 class BatchScaling:
-    """Grendel's rule for a step that sums ``views_per_step`` views' gradients (1: the identity, a one-view run)."""
+    """Grendel's rule for a step that sums ``views_per_step`` views' gradients (1: the identity, a one-view run),
+    with the adaptive gain on its learning rates when ``adaptive``."""
 
     views_per_step: int = 1
     """W x B: the views whose gradients one optimizer update sums."""
+    adaptive: bool = False
+    """Whether the runtime scales the learning rates by the measured gain sqrt(r) too (:meth:`gain`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.views_per_step, int) or self.views_per_step < 1:
@@ -71,6 +94,10 @@ class BatchScaling:
     def lr_scale(self) -> float:
         """sqrt(W x B): the factor on every learning rate (and, for a gradient sum, on Adam's eps)."""
         return math.sqrt(self.views_per_step)
+
+    def gain(self) -> AdaptiveGain | None:
+        """The runtime's adaptive gain for this batch, or None (Grendel's sqrt only, or a one-view step)."""
+        return AdaptiveGain(self.views_per_step) if self.adaptive and self.views_per_step > 1 else None
 
     def steps(self, views: int) -> int:
         """A count of one-view iterations (an interval or a threshold) in schedule steps: views / (W x B) rounded to
@@ -134,6 +161,11 @@ class BatchScaling:
         )
 
 
-def batch_scaling(enabled: bool, num_workers: int, views_per_worker: int) -> BatchScaling:
-    """The rule of a schedule of ``num_workers`` x ``views_per_worker`` views per step, or the identity when off."""
-    return BatchScaling(num_workers * views_per_worker if enabled else 1)
+def batch_scaling(rule: str | bool, num_workers: int, views_per_worker: int) -> BatchScaling:
+    """The rule named by the flag's value (one of :data:`RULES`; True / False: adaptive / off) for a schedule of
+    ``num_workers`` x ``views_per_worker`` views per step; the identity when off."""
+    if isinstance(rule, bool):
+        rule = "adaptive" if rule else "off"
+    if rule not in RULES:
+        raise ValueError(f"{FLAG} {rule!r}: choose one of {', '.join(RULES)}")
+    return BatchScaling(1 if rule == "off" else num_workers * views_per_worker, adaptive=rule == "adaptive")

@@ -4,14 +4,14 @@ It keeps splatfacto's parameters, losses, densification strategy and exporters, 
 `ns-export gaussian-splat` and `ns-eval` treat it as splatfacto. It changes three things splatfacto gets
 wrong off a GPU: no hard-coded `.cuda()`, rendering through :func:`odin_nerfstudio.rendering.rasterize.rasterization`
 (gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init. For a schedule of
-W x B views per step it counts its refinement, SH and resolution schedules in views (`batch_scaling`, Grendel's rule).
+W x B views per step it counts its refinement, SH and resolution schedules in views (`batch_scaling`, the batch rule).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Type, Union
+from typing import Dict, Literal, Optional, Tuple, Type, Union
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -29,10 +29,9 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
 from torch import Tensor
 
-from odin_nerfstudio.ns.batch_scaling import BatchScaling, batch_scaling
+from odin_nerfstudio.ns.batch_scaling import OFF_FLAG, BatchScaling, batch_scaling
 
 ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
-BATCH_SCALING_FLAG = "--pipeline.model.batch-scaling"
 
 
 def get_viewmat(camera_to_world: Tensor) -> Tensor:
@@ -78,11 +77,13 @@ class OdinSplatModelConfig(SplatfactoModelConfig):
     """Splatfacto's options, rendered through Odin's device-agnostic rasterizer."""
 
     _target: Type = field(default_factory=lambda: OdinSplatModel)
-    batch_scaling: bool = True
-    """Grendel's rule for a step of W x B > 1 views (`ns/batch_scaling.py`): learning rates x sqrt(W x B), Adam's
-    betas ** (W x B), and the schedules below (warmup, refinement, opacity reset, SH degree, resolution) and the
-    learning-rate decay counted in views, so W workers reach the same epochs' densification as one. False: every
-    count is in iterations and every rate as configured, whatever the batch."""
+    batch_scaling: Union[Literal["adaptive", "sqrt", "off"], bool] = "adaptive"
+    """The batch rule for a step of W x B > 1 views (`ns/batch_scaling.py`). sqrt: Grendel's, learning rates x
+    sqrt(W x B), Adam's betas ** (W x B), and the schedules below (warmup, refinement, opacity reset, SH degree,
+    resolution) and the learning-rate decay counted in views, so W workers reach the same epochs' densification as
+    one. adaptive: the same, with the learning rates also x sqrt(r), r measured on the steps (how alike their views'
+    gradients are, 1 to W x B). off: every count in iterations and every rate as configured, whatever the batch.
+    True / False: adaptive / off."""
 
 
 class OdinSplatModel(SplatfactoModel):
@@ -122,10 +123,10 @@ class OdinSplatModel(SplatfactoModel):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
     def scale_to_batch(self, num_workers: int, views_per_worker: int) -> BatchScaling:
-        """Count the schedules in steps of ``num_workers`` x ``views_per_worker`` views (when the config's
-        `batch_scaling` is on): rebuilds the densification strategy (its statistics start from zero) and returns the
-        rule, whose learning rates the trainer applies to its optimizers. Intervals the batch does not divide are
-        rounded to the nearest step and named once."""
+        """Count the schedules in steps of ``num_workers`` x ``views_per_worker`` views (unless the config's
+        `batch_scaling` is off): rebuilds the densification strategy (its statistics start from zero) and returns the
+        rule, whose learning rates the trainer applies to its optimizers (and whose adaptive gain, if any, the
+        runtime). Intervals the batch does not divide are rounded to the nearest step and named once."""
         self.batch = batch_scaling(self.config.batch_scaling, num_workers, views_per_worker)
         self.strategy = self._make_strategy()
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
@@ -133,7 +134,7 @@ class OdinSplatModel(SplatfactoModel):
         if rounded and is_main_process():
             CONSOLE.print(
                 f"[yellow]odin-splat: {self.batch.views_per_step} views per step do not divide every schedule: "
-                f"{'; '.join(rounded)} ({BATCH_SCALING_FLAG} False counts them in iterations)[/yellow]"
+                f"{'; '.join(rounded)} ({OFF_FLAG} counts them in iterations)[/yellow]"
             )
         return self.batch
 

@@ -153,7 +153,8 @@ def build_runtime(
     `check_escapes`, every task is validated against the rows the rasterizer would draw outside its candidate
     set (a projection of the rows of its drawable region outside C(t), see `SplatTaskRenderer.drawable`); an
     escape is counted and, in quality-first, re-run. `start_step` > 0 resumes after a checkpoint of step
-    `start_step` - 1 (see `OdinRuntime`).
+    `start_step` - 1 (see `OdinRuntime`). The model's batch rule (`model.batch`, set by `scale_to_batch`) gives the
+    runtime its adaptive gain, if any.
     """
     params = model.gauss_params
     topology = topology if topology is not None else Topology()
@@ -177,6 +178,7 @@ def build_runtime(
         adapter=GsplatAdapter(packed=False, absgrad=model.strategy.absgrad),
         topology=topology,
         seed=seed,
+        batch_gain=model.batch.gain(),
     )
 
 

@@ -169,10 +169,11 @@ class OdinTrainer(Trainer):
             CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
 
     def setup_optimizers(self) -> Optimizers:
-        """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only, under Grendel's
-        rule for the schedule's W x B views per step (`ns/batch_scaling.py`): the model counts its schedules in steps
-        of W x B views, and the configured rates, betas, eps and decays are scaled (`--pipeline.model.batch-scaling
-        False`: as configured). The config keeps the one-view values the user wrote."""
+        """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only, under the
+        batch rule for the schedule's W x B views per step (`ns/batch_scaling.py`): the model counts its schedules in
+        steps of W x B views, and the configured rates, betas, eps and decays are scaled as Grendel does
+        (`--pipeline.model.batch-scaling off`: as configured); the adaptive rule's gain on the rates is the runtime's,
+        at each publication. The config keeps the one-view values the user wrote."""
         from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
 
         param_groups = self.pipeline.get_param_groups()

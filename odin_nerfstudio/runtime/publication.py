@@ -18,6 +18,10 @@ part (the rows the workers' next tasks asked for, ``comm/transport.py``'s :class
 published as soon as it arrives (:meth:`Publisher.apply_first`), and the rest with the statistics once the whole
 update has (:meth:`Publisher.apply`). Adam is row-wise and both calls run at the same global step (the first
 advances it, the second runs the step's hooks), so every row gets the bits a whole publication gives it.
+
+The adaptive batch rule (``core/batch_gain.py``), where given: once a step is wholly published, its r (the merged
+gradient's squared norms over the sum of its tasks' ``sq_norms``) sets the learning-rate gain of the steps after
+it, so both parts of a step publish at one gain, the same on every rank and in every mode.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from odin_nerfstudio.comm.transport import FirstPart
+from odin_nerfstudio.core.batch_gain import AdaptiveGain, squared_norms
 from odin_nerfstudio.core.conflicts import isin_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate, restricted
@@ -58,6 +63,8 @@ class Publisher:
         strategy_state: the strategy's state, or None (statistics are then not accumulated).
         published_through: the last step already published (start step - 1).
         record_rows: keep each step's published rows in :attr:`published_rows`.
+        gain: the adaptive batch rule that sets the optimizers' learning-rate gains from each published step, or
+            None (the rates as the optimizers hold them).
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class Publisher:
         strategy_state: dict[str, Any] | None,
         published_through: int,
         record_rows: bool,
+        gain: AdaptiveGain | None = None,
     ) -> None:
         self.params = params
         self.optimizers = optimizers
@@ -75,6 +83,7 @@ class Publisher:
         self.strategy_state = strategy_state
         self.published_through = published_through
         self.record_rows = record_rows
+        self.gain = gain
         self.published_rows: dict[int, Tensor] = {}
         self.early: dict[int, EarlyRows] = {}
         """The next step, once its first part is published (until the rest is)."""
@@ -96,8 +105,10 @@ class Publisher:
 
     def apply(self, step: int, merged: SparseUpdate, seq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Selective Adam on ``merged.rows`` (less those its first part published) with their sequence words
-        ``seq`` (int64 [N], the tables') advanced by one version, then its tasks' statistics; returns the rows
-        written, their new means [R, 3] and scales [R, 3] (for the culling index)."""
+        ``seq`` (int64 [N], the tables') advanced by one version, then its tasks' statistics and, with a gain, the
+        step's r for the steps after it; returns the rows written, their new means [R, 3] and scales [R, 3] (for
+        the culling index)."""
+        measured = self._measured(merged) if self.gain is not None else None
         stats, early, part = merged.stats, self.early.pop(step, None), "whole"
         if early is not None:
             merged, part = restricted(merged, ~isin_sorted(merged.rows, early.published)), "rest"
@@ -108,7 +119,18 @@ class Publisher:
             num_primitives = self.params["means"].shape[0]
             for task_stats in stats:
                 self.adapter.accumulate(self.strategy_state, task_stats, num_primitives)
+        if measured is not None:
+            self.gain.observe(self.optimizers, measured)
         return rows, means, scales
+
+    @staticmethod
+    def _measured(merged: SparseUpdate) -> dict[str, tuple[float, float]] | None:
+        """Per parameter, (||merged gradient||^2, sum of its tasks' squared norms) of a whole step; None when its
+        tasks measured none."""
+        if merged.sq_norms is None:
+            return None
+        summed = squared_norms(merged.grads).tolist()
+        return dict(zip(merged.grads, zip(summed, merged.sq_norms.tolist(), strict=True), strict=True))
 
     def rest_movement(self) -> tuple[float, float]:
         """The most the publication of the rest of an early step moves an element of ``means`` and of ``scales``

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.transport import FirstPart, Transport
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
@@ -67,6 +68,8 @@ class OdinRuntime:
         adapter: the renderer's conventions (default: gsplat's, non-packed, log-scales).
         topology: W (one transport each) and B (default: W = the transports, B = 1).
         seed: the run's seed; every random draw of a task comes from ``task_generator(seed, step, view)``.
+        batch_gain: the adaptive batch rule (``core/batch_gain.py``): each wholly published step sets the
+            optimizers' learning-rate gains of the steps after it; None keeps their rates as they are.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class OdinRuntime:
         adapter: RenderAdapter | None = None,
         topology: Topology | None = None,
         seed: int = 0,
+        batch_gain: AdaptiveGain | None = None,
     ) -> None:
         self.topology = topology if topology is not None else Topology(num_workers=len(transports))
         if len(transports) != self.topology.num_workers:
@@ -107,7 +111,9 @@ class OdinRuntime:
         self.validator = Validator(config.ring_slots, self.index, finder, drawable)
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)
-        self.publisher = Publisher(params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads)
+        self.publisher = Publisher(
+            params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads, batch_gain
+        )
         self._upcoming: dict[int, list[Task]] = {}
         self._unsure: set[tuple[int, int]] = set()
         """(step, worker) parts whose early commit was refused: committed once the step before is published."""

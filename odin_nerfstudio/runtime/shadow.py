@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.core.batch_gain import squared_norms
 from odin_nerfstudio.core.conflicts import StepRows, union_sorted
 from odin_nerfstudio.core.sparse import SparseUpdate, tensor_bytes
 from odin_nerfstudio.core.tasks import TaskKey
@@ -203,12 +204,15 @@ class ShadowGraph:
             leaves: per name, its gathered leaves [M, ...] with their gradients.
             active: positions in C(t) of A(t), sorted int64 [A]: the rows staged, with their gradient rows.
             stats: the task's statistics (none, or one dict).
+
+        The staged update carries its gradients' squared norms (``SparseUpdate.sq_norms``), which the adaptive
+        batch rule sums over a step's tasks.
         """
         grads = {
             name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
             for name, leaf in leaves.items()
         }
-        self.stage(key, SparseUpdate(candidate.index_select(0, active), grads, stats))
+        self.stage(key, SparseUpdate(candidate.index_select(0, active), grads, stats, squared_norms(grads)))
         self.release(leaves)
 
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:

@@ -59,7 +59,7 @@ def expected(step: int, world_size: int = 2) -> SparseUpdate:
 
 
 def saved(update: SparseUpdate) -> tuple:
-    return update.rows, update.grads, list(update.stats)
+    return update.rows, update.grads, list(update.stats), update.sq_norms
 
 
 def _two_rank_main(rank: int, init_file: str, out_dir: str) -> None:
@@ -139,8 +139,8 @@ def test_two_ranks_every_choice_merges_like_sum_in_order_in_flight_and_without_p
     results = [torch.load(tmp_path / f"results{rank}.pt", weights_only=False) for rank in range(2)]
     for result in results:
         for choice in ("auto", *CHOICES):
-            for step, ((rows, grads, stats), spent) in enumerate(result[choice]):
-                assert_same(SparseUpdate(rows, grads, tuple(stats)), expected(step))
+            for step, ((rows, grads, stats, norms), spent) in enumerate(result[choice]):
+                assert_same(SparseUpdate(rows, grads, tuple(stats), norms), expected(step))
                 assert choice == "auto" or spent.choice == choice
                 assert spent.sent == spent.received == spent.predicted[spent.choice], (choice, step, spent)
                 kind, nbytes = spent.collectives[-1]
@@ -157,10 +157,10 @@ def test_two_ranks_every_choice_merges_like_sum_in_order_in_flight_and_without_p
             assert union.collectives[1][1] - dense.collectives[1][1] == 8 * longest
         assert result["in_flight"] == list(range(IN_FLIGHT)) or result is results[1]
         assert all(result["done_before_last"]), "a later exchange completed before an earlier one"
-        for step, (rows, grads, stats) in enumerate(result["ordered"]):
-            assert_same(SparseUpdate(rows, grads, tuple(stats)), expected(step))
-        rows, grads, stats = result["unpolled"]
-        assert_same(SparseUpdate(rows, grads, tuple(stats)), expected(IN_FLIGHT))
+        for step, (rows, grads, stats, norms) in enumerate(result["ordered"]):
+            assert_same(SparseUpdate(rows, grads, tuple(stats), norms), expected(step))
+        rows, grads, stats, norms = result["unpolled"]
+        assert_same(SparseUpdate(rows, grads, tuple(stats), norms), expected(IN_FLIGHT))
     assert results[0]["in_flight"] == list(range(IN_FLIGHT))
     assert "a replica check" in results[0]["guard"] and "[0, 1, 2, 3, 4, 5]" in results[0]["guard"]
     assert results[0]["returned"] < results[1]["woke"], "rank 0's wait needed rank 1 to poll"
@@ -210,12 +210,12 @@ def test_four_ranks_get_the_same_bits_and_auto_picks_the_cheapest(tmp_path: Path
     for name in SCENARIOS:
         reference = sum_in_order([scenario_update(name, rank) for rank in range(4)], template())
         for choice in ("auto", *CHOICES):
-            (rows, grads, _), spent = results[0][choice][name]
+            (rows, grads, _, _), spent = results[0][choice][name]
             assert torch.equal(rows, reference.rows)
             for key in grads:
                 torch.testing.assert_close(grads[key], reference.grads[key], rtol=1e-6, atol=1e-6)
             for other in results[1:]:
-                (other_rows, other_grads, _), other_spent = other[choice][name]
+                (other_rows, other_grads, _, _), other_spent = other[choice][name]
                 assert torch.equal(other_rows, rows) and all(torch.equal(other_grads[k], grads[k]) for k in grads)
                 assert other_spent == spent
             assert spent.sent == spent.predicted[spent.choice]
@@ -227,11 +227,11 @@ def test_four_ranks_get_the_same_bits_and_auto_picks_the_cheapest(tmp_path: Path
 
 
 def test_the_byte_formulas_by_hand() -> None:
-    """W = 4, D = 10 float32, no statistics, ranks of 5, 3, 0, 2 rows with spans 30, 9, 0, 20."""
-    shape = _Shape(4, D, 4, StatsLayout.of(None))
+    """W = 4, D = 10 float32 in 2 parameters, no statistics, ranks of 5, 3, 0, 2 rows with spans 30, 9, 0, 20."""
+    shape = _Shape(4, D, 4, StatsLayout.of(None), 2)
     sizes = [_Sizes(5, 0, 0, 30), _Sizes(3, 0, 0, 9), _Sizes(0, 0, 0, 0), _Sizes(2, 0, 0, 20)]
     predicted = shape.predict(sizes, union_rows=8)
-    header = 3 * 48  # six int64 per rank: rows, entries, tasks, span, asked rows, asks
+    header = 3 * 64  # eight int64 per rank: rows, entries, tasks, span, asked rows, asks, 2 squared norms
     assert predicted["sparse"] == header + 3 * 5 * 8 + 3 * 5 * D * 4
     assert predicted["union"] == header + 3 * 5 * 8 + 2 * 3 * 8 * D * 4 // 4
     assert predicted["dense"] == header + 2 * 3 * 30 * (D + 1) * 4 // 4
@@ -284,9 +284,9 @@ def test_two_ranks_asking_for_rows_first_get_the_first_part_then_the_same_bits(t
     for rank in range(2):
         results = torch.load(tmp_path / f"asking{rank}.pt", weights_only=False)
         for choice in ("auto", *CHOICES):
-            for step, ((rows, grads, stats), union, first, sent, ran) in enumerate(results[choice]):
-                first_rows, first_grads, _ = first
-                assert_same(SparseUpdate(rows, grads, tuple(stats)), expected(step))
+            for step, ((rows, grads, stats, norms), union, first, sent, ran) in enumerate(results[choice]):
+                first_rows, first_grads, _, _ = first
+                assert_same(SparseUpdate(rows, grads, tuple(stats), norms), expected(step))
                 virtual = VirtualTransport(2, template())
                 handle = [virtual.contribute(step, r, update_of(step, r), ASKED[r]) for r in range(2)][0]
                 reference = handle.first()

@@ -22,6 +22,7 @@ from gsplat.strategy import DefaultStrategy
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA, apply_structural_change
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig, RenderFn
+from odin_nerfstudio.core.batch_gain import squared_norms
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.drivers.step_loop import run_step, settle
@@ -65,11 +66,16 @@ def local_update(step: int, worker: int) -> SparseUpdate:
                 "radii": torch.rand(entries, generator=generator),
             }
         )
-    return SparseUpdate(rows, grads, tuple(stats))
+    norms = None if (step + worker) % 4 == 3 else squared_norms(grads)  # now and then an update measures none
+    return SparseUpdate(rows, grads, tuple(stats), norms)
 
 
 def assert_same(a: SparseUpdate, b: SparseUpdate) -> None:
+    """The same rows, gradients, statistics and squared norms bit for bit (None and zeros alike: a distributed
+    exchange sends zeros for an update without any)."""
     assert torch.equal(a.rows, b.rows)
+    norms = [n for n in (a.sq_norms, b.sq_norms) if n is not None]
+    assert torch.equal(norms[0], norms[-1]) if len(norms) == 2 else not any(bool(n.any()) for n in norms)
     for name in a.grads:
         assert torch.equal(a.grads[name], b.grads[name]), name
     assert len(a.stats) == len(b.stats)
@@ -103,7 +109,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         transport = DistributedTransport(template(), timeout=30.0, stats_schema=STATS_SCHEMA)
         handles = [transport.start_exchange(step, local_update(step, rank)) for step in range(STEPS)]
         merged = [handle.wait(timeout=30.0) for handle in handles]
-        saved = [(m.rows, m.grads, list(m.stats)) for m in merged]
+        saved = [(m.rows, m.grads, list(m.stats), m.sq_norms) for m in merged]
         torch.save(saved, Path(out_dir) / f"merged{rank}.pt")
         if rank == 0:
             handle = transport.start_exchange(STEPS, local_update(STEPS, 0))
@@ -128,9 +134,9 @@ def test_gloo_transport_merges_like_sum_in_order_and_names_its_timeouts(tmp_path
     assert not errors, errors
     for rank in range(2):
         merged = torch.load(tmp_path / f"merged{rank}.pt")
-        for step, (rows, grads, stats) in enumerate(merged):
+        for step, (rows, grads, stats, norms) in enumerate(merged):
             expected = sum_in_order([local_update(step, w) for w in range(2)], template())
-            assert_same(SparseUpdate(rows, grads, tuple(stats)), expected)
+            assert_same(SparseUpdate(rows, grads, tuple(stats), norms), expected)
     status, message = (tmp_path / "timeout.txt").read_text().split("\n", 1)
     done, waited = status.split()
     assert done == "False" and float(waited) < 10.0, "the wait is bounded by its own timeout, not the transport's"

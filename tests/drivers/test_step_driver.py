@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import selective_adams
@@ -116,13 +117,19 @@ rest."""
 @dataclasses.dataclass(frozen=True)
 class LinkedRun:
     """A run of two ranks behind a link: the mode, running ahead, priority publication (the rank's next tasks
-    declared upcoming, their rows asked for first), the link and the learning rates' scale."""
+    declared upcoming, their rows asked for first), the link, the learning rates' scale and the adaptive batch
+    rule's gain (for the 2 views of a step)."""
 
     mode: str
     run_ahead: bool = False
     priority: bool = False
     link: LinkModel = LINK
     lr_scale: float = LR_SCALE
+    gain: bool = False
+
+    def batch_gain(self) -> AdaptiveGain | None:
+        """The runtime's gain: the adaptive rule's for a step of 2 views, or none."""
+        return AdaptiveGain(2) if self.gain else None
 
 
 def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> None:
@@ -140,6 +147,7 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> Non
             selective_adams(params, {name: lr * lr_scale for name, lr in LRS.items()}),
             [transport],
             slow_render if rank == 1 else render,
+            batch_gain=run.batch_gain(),
         )
         most_in_flight, schedule, ahead = 0, make_schedule(**SCHEDULE), None
         local = [[[dataclasses.replace(task, worker=0) for task in per_worker[rank]]] for per_worker in schedule]
@@ -167,6 +175,7 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> Non
                 (e.step, e.start_ns, e.end_ns) for e in runtime.timeline.events if e.name == "comm" and e.worker == 0
             ],
             "read_order": [[e.step for e in runtime.timeline.events if e.name == "render"]],
+            "gains": [optimizer.param_groups[0].get("lr_gain", 1.0) for optimizer in runtime.optimizers.values()],
         }
         (Path(out_dir) / f"linked{rank}.json").write_text(json.dumps(result))
         torch.save(snapshot(runtime), Path(out_dir) / f"snapshot{rank}.pt")
@@ -218,11 +227,16 @@ def test_running_ahead_renders_the_next_step_first_and_still_equals_barrier(tmp_
 def test_priority_publication_lets_a_waiting_read_go_before_the_rest_of_its_step(tmp_path: Path) -> None:
     """Behind the link, each step's exchange asks for the rows of the ranks' next tasks first: they are published
     as soon as that part arrives, a conflicting read of the next step reads them while the rest of the step is
-    still crossing the link, and the run still ends at the barrier's model bit for bit."""
-    records = train_linked(tmp_path, LinkedRun("quality", priority=True, link=NARROW_LINK))
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
+    still crossing the link, and the run still ends at the barrier's model bit for bit, the adaptive batch rule's
+    gain included (both parts of a step publish at the gain of the steps before it, on each rank alike)."""
+    run = LinkedRun("quality", priority=True, link=NARROW_LINK, gain=True)
+    records = train_linked(tmp_path, run)
+    config, gain = OdinRuntimeConfig(mode="barrier"), run.batch_gain()
+    barrier = make_runtime(config, make_params(), lr_scale=LR_SCALE, topology=Topology(2), batch_gain=gain)
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    gains = [optimizer.param_groups[0]["lr_gain"] for optimizer in barrier.optimizers.values()]
+    assert records[0]["gains"] == records[1]["gains"] == gains and any(gain != 1.0 for gain in gains), gains
     assert all(r["first_publications"] > 0 for r in records), "no step's first part was published ahead of the rest"
     assert sum(r["early_reads"] for r in records) > 0, "no read used rows published ahead of the rest of their step"
 
@@ -230,11 +244,14 @@ def test_priority_publication_lets_a_waiting_read_go_before_the_rest_of_its_step
 def test_quality_commits_a_step_while_the_rest_of_the_one_before_crosses_the_link(tmp_path: Path) -> None:
     """With priority publication, a rank validates and sends step s + 1 once step s is published in its first
     part, when its reads are surely valid whatever the rest holds (the rest's rows farther from the task's regions
-    than Adam can move them): two of its exchanges are then in flight at once, and the run still ends at the
-    barrier's model bit for bit. (Small learning rates: Adam's bound on a step is about 30 x lr.)"""
+    than Adam can move them, at the step's gain): two of its exchanges are then in flight at once, and the run still
+    ends at the barrier's model bit for bit, the adaptive batch rule's gain included. (Small learning rates: Adam's
+    bound on a step is about 30 x lr.)"""
     lr_scale = 0.05
-    records = train_linked(tmp_path, LinkedRun("quality", priority=True, link=NARROW_LINK, lr_scale=lr_scale))
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=lr_scale, topology=Topology(2))
+    run = LinkedRun("quality", priority=True, link=NARROW_LINK, lr_scale=lr_scale, gain=True)
+    records = train_linked(tmp_path, run)
+    config, gain = OdinRuntimeConfig(mode="barrier"), run.batch_gain()
+    barrier = make_runtime(config, make_params(), lr_scale=lr_scale, topology=Topology(2), batch_gain=gain)
     run_virtual(barrier, make_schedule(**SCHEDULE))
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
     assert sum(r["early_commits"] for r in records) > 0, "no step was committed before the one before was published"

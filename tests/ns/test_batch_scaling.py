@@ -1,4 +1,5 @@
-"""Grendel's batch-size rule: learning rates, betas, eps and decays of a W x B step, and schedules counted in views."""
+"""The batch rule: Grendel's learning rates, betas, eps and decays of a W x B step, schedules counted in views, and
+the adaptive gain chosen by the flag."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from nerfstudio.data.scene_box import SceneBox
 
 from odin_nerfstudio.adapter.gsplat import refine_due, reset_due, structural_change_due
 from odin_nerfstudio.method_configs.odin_splat import odin_splat_optimizers
-from odin_nerfstudio.ns.batch_scaling import BatchScaling
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
+from odin_nerfstudio.ns.batch_scaling import BatchScaling, batch_scaling
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
 
 VIEW_SCHEDULE = {"warmup_length": 100, "refine_every": 40, "stop_split_at": 400, "reset_alpha_every": 5}
@@ -77,7 +79,7 @@ def test_an_unknown_scheduler_is_refused_naming_the_off_switch() -> None:
 
     config = odin_splat_optimizers()
     config["means"]["scheduler"] = MultiStepSchedulerConfig(max_steps=100)
-    with pytest.raises(ValueError, match="batch-scaling False"):
+    with pytest.raises(ValueError, match="batch-scaling off"):
         BatchScaling(2).optimizers(config)
 
 
@@ -107,8 +109,21 @@ def test_an_interval_the_batch_does_not_divide_is_rounded_and_named(capsys: pyte
     assert "refine_every 50 views -> 13 steps (52 views)" in capsys.readouterr().out
 
 
-def test_the_off_switch_keeps_every_count_in_iterations() -> None:
-    off = model_of(batch_scaling=False)
+def test_adaptive_is_the_default_and_only_it_gives_the_runtime_a_gain() -> None:
+    assert model_of().config.batch_scaling == "adaptive"
+    assert batch_scaling("adaptive", 2, 2).gain() == AdaptiveGain(4)
+    assert batch_scaling(True, 4, 1).gain() == AdaptiveGain(4), "True, the old 'on', is the default rule"
+    assert batch_scaling("adaptive", 1, 1).gain() is None, "one view per step: nothing to measure"
+    sqrt = batch_scaling("sqrt", 4, 1)
+    assert sqrt.gain() is None and sqrt.views_per_step == 4, "Grendel's rule alone"
+    assert batch_scaling("off", 4, 1) == batch_scaling(False, 4, 1) == BatchScaling(1)
+    with pytest.raises(ValueError, match="--pipeline.model.batch-scaling 'grendel': choose one of adaptive, sqrt, off"):
+        batch_scaling("grendel", 4, 1)
+
+
+@pytest.mark.parametrize("off", [False, "off"])
+def test_the_off_switch_keeps_every_count_in_iterations(off) -> None:
+    off = model_of(batch_scaling=off)
     rule = off.scale_to_batch(num_workers=4, views_per_worker=1)
     assert rule.views_per_step == 1
     assert off.strategy.refine_every == 40 and off.strategy.refine_start_iter == 100

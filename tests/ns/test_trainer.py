@@ -1,6 +1,7 @@
 """OdinTrainer: ns-train's odin-splat trains through the runtime, one schedule step per iteration.
 
-Quality-first equals the barrier in the trainer too (with a densification), learning-rate schedules follow the
+Quality-first equals the barrier in the trainer too (with a densification, the adaptive batch rule raising the rates),
+learning-rate schedules follow the
 publications, a resumed run continues bit for bit, the timeline and counters are written, and models the runtime
 cannot train are refused before any work.
 """
@@ -90,6 +91,9 @@ def test_quality_equals_barrier_in_the_trainer_across_a_densification(
     seeded = quality.pipeline.datamanager.train_dataparser_outputs.metadata["points3D_xyz"].shape[0]
     assert quality.pipeline.model.num_points != seeded, "the densification at step 40 changed the Gaussians"
     assert_identical(snapshot(quality), snapshot(barrier))
+    gains = {name: optimizer.param_groups[0]["lr_gain"] for name, optimizer in quality.optimizers.optimizers.items()}
+    assert gains == {name: opt.param_groups[0]["lr_gain"] for name, opt in barrier.optimizers.optimizers.items()}
+    assert any(gain > 1.0 for gain in gains.values()), f"the adaptive rule (the default) never raised a rate: {gains}"
 
     run = quality.base_dir
     trace = json.loads((run / "odin_timeline.json").read_text())
@@ -173,12 +177,13 @@ def set_up(config) -> OdinTrainer:
     return trainer
 
 
-@pytest.mark.parametrize("batch_scaling", [True, False])
+@pytest.mark.parametrize("batch_scaling", ["adaptive", "sqrt", "off"])
 def test_four_workers_get_grendels_rates_and_refine_in_views_unless_turned_off(
-    street: Path, tmp_path: Path, batch_scaling: bool
+    street: Path, tmp_path: Path, batch_scaling: str
 ) -> None:
     trainer = set_up(trainer_config(street, tmp_path, 8, workers=4, batch_scaling=batch_scaling, **DENSIFY))
-    size = 4 if batch_scaling else 1
+    size = 1 if batch_scaling == "off" else 4
+    assert (trainer.runtime.publisher.gain is not None) == (batch_scaling == "adaptive"), "the measured gain's rule"
     for name, group in trainer.config.optimizers.items():
         (param_group,) = trainer.optimizers.optimizers[name].param_groups
         assert param_group["lr"] == pytest.approx(group["optimizer"].lr * math.sqrt(size)), name

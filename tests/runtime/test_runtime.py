@@ -17,6 +17,7 @@ from gsplat.strategy.ops import duplicate, remove
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.culling.candidates import candidate_set
 from odin_nerfstudio.rendering.rasterize import rasterization
 from odin_nerfstudio.core.row_order import permute_rows, spatial_order
@@ -84,14 +85,16 @@ def epoch_schedule(epochs: int, workers: int, per_worker: int, num_views: int, f
 
 
 def run(mode: str, scene: dict, workers: int, per_worker: int, interleaving=(), steps: int = STEPS, **config):
-    """A fresh model trained on virtual workers; returns the runtime (``visibility_fn`` goes to the runtime)."""
-    visibility_fn = config.pop("visibility_fn", None)
+    """A fresh model trained on virtual workers; returns the runtime (``visibility_fn`` and ``batch_gain`` go to
+    the runtime)."""
+    visibility_fn, batch_gain = config.pop("visibility_fn", None), config.pop("batch_gain", None)
     runtime = make_runtime(
         OdinRuntimeConfig(mode=mode, **config),
         make_params(),
         lr_scale=scene["lr_scale"],
         visibility_fn=visibility_fn,
         topology=Topology(workers, per_worker),
+        batch_gain=batch_gain,
     )
     run_virtual(runtime, schedule_of(scene, workers, per_worker, steps), interleaving)
     return runtime
@@ -174,6 +177,18 @@ def test_adversarial_runs_exercise_waits_reruns_and_reordering() -> None:
     assert_identical(snapshot(ahead), barrier_snapshot("sparse", 2, 2))
     assert (ahead.tables.pending_step == -1).all(), "a re-run's superseded candidate set stayed pending"
     assert ahead.shadow.open_slots() == [] and ahead.memory_report()["current_extra_bytes"] == 0
+
+
+@pytest.mark.parametrize("interleaving", list(adversarial(2)))
+def test_quality_equals_barrier_with_the_adaptive_batch_gain(interleaving: str) -> None:
+    """The adaptive batch rule's gain comes from published steps only, so it is the same in every mode: under the
+    adversarial interleavings quality-first still ends at the barrier's model bit for bit, and the gain moved."""
+    barrier = run("barrier", SPARSE, 2, 2, batch_gain=AdaptiveGain(4))
+    quality = run("quality", SPARSE, 2, 2, adversarial(2)[interleaving], batch_gain=AdaptiveGain(4))
+    assert_identical(snapshot(quality), snapshot(barrier))
+    gains = [optimizer.param_groups[0]["lr_gain"] for optimizer in quality.optimizers.values()]
+    assert gains == [optimizer.param_groups[0]["lr_gain"] for optimizer in barrier.optimizers.values()]
+    assert any(gain != 1.0 for gain in gains), gains
 
 
 @pytest.mark.parametrize("interleaving", list(adversarial(2)))
