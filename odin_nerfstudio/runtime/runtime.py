@@ -256,8 +256,9 @@ class OdinRuntime:
         if self.strategy_state is not None and info is not None:
             stats = self.adapter.task_stats(info, read.candidate)
         active = active_positions(self.adapter, info, read.leaves)
-        self.remote.saw(read.task.view, read.candidate.index_select(0, active))
-        self.shadow.stage_task(read.task.key, read.candidate, read.leaves, active, () if stats is None else (stats,))
+        task_stats = () if stats is None else (stats,)
+        staged = self.shadow.stage_task(read.task.key, read.candidate, read.leaves, active, task_stats)
+        self.remote.saw(read.task.view, staged)
 
     @bookkeeping
     def progress(self) -> None:

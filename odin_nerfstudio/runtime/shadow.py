@@ -195,8 +195,8 @@ class ShadowGraph:
 
     def stage_task(
         self, key: TaskKey, candidate: Tensor, leaves: dict[str, Tensor], active: Tensor, stats: tuple = ()
-    ) -> None:
-        """Stage a task's active set after backward and free its leaves.
+    ) -> Tensor:
+        """Stage a task's active set after backward and free its leaves; returns A(t), the rows staged.
 
         Args:
             key: the task.
@@ -212,8 +212,10 @@ class ShadowGraph:
             name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
             for name, leaf in leaves.items()
         }
-        self.stage(key, SparseUpdate(candidate.index_select(0, active), grads, stats, squared_norms(grads)))
+        rows = candidate.index_select(0, active)
+        self.stage(key, SparseUpdate(rows, grads, stats, squared_norms(grads)))
         self.release(leaves)
+        return rows
 
     def local_update(self, step: int, worker: int, template: dict[str, Tensor]) -> SparseUpdate:
         """A worker's contribution to ``step``: its staged updates summed (statistics listed) in task order (the
