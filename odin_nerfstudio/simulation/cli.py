@@ -59,7 +59,8 @@ class SimulateCliConfig:
     interconnect: Literal["none", "10gbe", "pcie"] = "none"
     """The link under every exchange (comm/link.py's presets)."""
     collective: Collective = "emulated"
-    """How a step's parts travel: emulated (comm/link.py's model), allgather (ring), ring-allreduce (dense)."""
+    """How a step's parts travel: emulated (comm/link.py's model), allgather (ring), ring-allreduce (dense), chosen
+    (per step the one of fewest bytes among the sparse all-gather, union-then-reduce and dense, as the transport)."""
     virtual: bool = False
     """Every worker in one process (virtual workers sharing one thread), else one process per worker."""
     remote_writes: Literal["drawn", "candidates"] = "drawn"
@@ -105,7 +106,7 @@ def run(config: SimulateCliConfig) -> list[str]:
         return replay(config, costs, workload)
     if config.replay_sizes:
         workload = workload.with_sizes(recorded_sizes(config.run))
-    interconnect = Interconnect.preset(config.interconnect, config.collective, costs.base_s)
+    interconnect = Interconnect.preset(config.interconnect, config.collective, costs.base_s, workload.num_rows)
     lines = [
         f"costs ({', '.join(str(r) for r in config.run) or config.costs}): {costs.describe()}",
         f"scene {scene}: {workload.num_views} training views, N = {workload.num_rows}, mean |C(v)| / N "

@@ -10,6 +10,9 @@ question per step: the time every worker holds the merged update. Four answers, 
   ``(W - 1) x max_r bytes_r / bandwidth + latency x hops``, hops ``W - 1`` (ring) or ``ceil(log2 W)`` (tree).
 - ``ring-allreduce``: the dense baseline (DDP's barrier): ``2 (W - 1) / W x dense_bytes / bandwidth`` plus
   ``2 (W - 1)`` latencies, whatever the rows touched.
+- ``chosen``: what ``comm/transport.DistributedTransport`` runs, per step the exchange of fewest bytes: the sparse
+  all-gather above, union-then-reduce (an all-gather of the row indices, 8 bytes a row, then a ring all-reduce of
+  the union's |U| gradient rows) or the dense all-reduce, each timed as a ring.
 - every collective adds ``base_s`` after the last part is sent: the real transport's own time (gloo on loopback).
 """
 
@@ -21,8 +24,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from odin_nerfstudio.comm.link import link_preset
+from odin_nerfstudio.simulation.workload import ROW_BYTES
 
-Collective = Literal["emulated", "allgather", "ring-allreduce"]
+Collective = Literal["emulated", "allgather", "ring-allreduce", "chosen"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class Interconnect:
         collective: how the parts travel.
         hops: latency terms of an all-gather: ``ring`` (W - 1) or ``tree`` (ceil(log2 W)).
         base_s: the transport's own time after the last part is sent.
-        dense_bytes: the model's bytes, for ``ring-allreduce``.
+        dense_bytes: the model's bytes, for ``ring-allreduce`` and ``chosen``.
+        row_bytes: a part's bytes per row, its int64 index included, for ``chosen`` (the workload's ``ROW_BYTES``).
     """
 
     name: str = "none"
@@ -46,22 +51,27 @@ class Interconnect:
     hops: Literal["ring", "tree"] = "ring"
     base_s: float = 0.0
     dense_bytes: int = 0
+    row_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.latency_s < 0 or self.base_s < 0 or not self.bandwidth_bytes_per_s > 0:
             raise ValueError(f"interconnect {self.name}: latency and base must be >= 0, bandwidth > 0")
 
     @classmethod
-    def preset(cls, name: str, collective: Collective = "emulated", base_s: float = 0.0) -> Interconnect:
-        """``comm/link.py``'s preset ``name`` (``none``: loopback, no link term) under ``collective``."""
+    def preset(
+        cls, name: str, collective: Collective = "emulated", base_s: float = 0.0, num_rows: int = 0
+    ) -> Interconnect:
+        """``comm/link.py``'s preset ``name`` (``none``: loopback, no link term) under ``collective``, for a model
+        of ``num_rows`` rows of ``ROW_BYTES`` each (what the dense and chosen exchanges need)."""
         link = link_preset(name)
+        sizes = {"base_s": base_s, "dense_bytes": num_rows * ROW_BYTES, "row_bytes": ROW_BYTES}
         if link is None:
-            return cls("none", collective=collective, base_s=base_s)
-        return cls(name, link.latency_s, link.bandwidth_bytes_per_s, collective, base_s=base_s)
+            return cls("none", collective=collective, **sizes)
+        return cls(name, link.latency_s, link.bandwidth_bytes_per_s, collective, **sizes)
 
-    def delivery_s(self, sends: Sequence[float], nbytes: Sequence[int]) -> float:
+    def delivery_s(self, sends: Sequence[float], nbytes: Sequence[int], union_rows: int = 0) -> float:
         """When every worker holds the step's merged update: ``sends`` [W] the parts' send times, ``nbytes`` [W]
-        their sizes."""
+        their sizes, ``union_rows`` |U| the rows of their union (for ``chosen``)."""
         workers = len(sends)
         last = max(sends) + self.base_s
         if self.collective == "emulated":
@@ -69,8 +79,22 @@ class Interconnect:
             return max(last, *arrivals)
         if workers == 1:
             return last
-        if self.collective == "allgather":
-            hops = workers - 1 if self.hops == "ring" else math.ceil(math.log2(workers))
-            return last + hops * self.latency_s + (workers - 1) * max(nbytes) / self.bandwidth_bytes_per_s
+        costs = self.costs(workers, max(nbytes), union_rows)
+        if self.collective == "chosen":
+            return last + min(costs.values(), key=lambda cost: cost[0])[1]
+        return last + costs["sparse" if self.collective == "allgather" else "dense"][1]
+
+    def costs(self, workers: int, longest: int, union_rows: int) -> dict[str, tuple[float, float]]:
+        """Per exchange (sparse, union, dense): the bytes a rank sends and the time it takes after the last send,
+        for W = ``workers`` parts of at most ``longest`` bytes and a union of ``union_rows`` rows."""
+        hops = workers - 1 if self.hops == "ring" else math.ceil(math.log2(workers))
         ring = 2 * (workers - 1)
-        return last + ring * self.latency_s + ring / workers * self.dense_bytes / self.bandwidth_bytes_per_s
+        sent = {"sparse": (workers - 1) * longest, "dense": ring / workers * self.dense_bytes}
+        if self.row_bytes:
+            rows = longest // self.row_bytes
+            sent["union"] = (workers - 1) * 8 * rows + ring / workers * union_rows * (self.row_bytes - 8)
+        latencies = {"sparse": hops, "union": hops + ring, "dense": ring}
+        return {
+            name: (nbytes, latencies[name] * self.latency_s + nbytes / self.bandwidth_bytes_per_s)
+            for name, nbytes in sent.items()
+        }

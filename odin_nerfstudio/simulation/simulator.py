@@ -185,7 +185,7 @@ class Simulation:
         self.policy = POLICIES[config.runtime.mode].of(config.runtime)
         self.now = 0.0
         self._sends: dict[int, dict[int, float]] = {}
-        self._bytes: dict[int, dict[int, int]] = {}
+        self._bytes: dict[int, dict[int, Tensor]] = {}
         self.delivery: dict[int, float] = {}
         self._link: dict[int, float] = {}
         self.headers: dict[int, float] = {}
@@ -241,16 +241,19 @@ class Simulation:
             del self._publications[step]
             self._predicted.pop(step, None)
 
-    def commit(self, step: int, worker: int, nbytes: int) -> None:
-        """``worker`` sends its part of ``step`` now; with every part sent, the link's delivery is known and, for a
-        two-phase exchange, the header has arrived (processes blocked on the step poll it at once)."""
+    def commit(self, step: int, worker: int, rows: Tensor) -> None:
+        """``worker`` sends its part of ``step`` (its active rows, sorted int64) now; with every part sent, the
+        link's delivery is known and, for a two-phase exchange, the header has arrived (processes blocked on the
+        step poll it at once)."""
         self._sends.setdefault(step, {})[worker] = self.now
-        self._bytes.setdefault(step, {})[worker] = nbytes
+        self._bytes.setdefault(step, {})[worker] = rows
         if len(self._sends[step]) < self.config.num_workers:
             return
         order = range(self.config.num_workers)
-        sends, sizes = self._sends.pop(step), self._bytes.pop(step)
-        self._link[step] = self.interconnect.delivery_s([sends[w] for w in order], [sizes[w] for w in order])
+        sends, parts = self._sends.pop(step), self._bytes.pop(step)
+        sizes = [parts[w].numel() * self.config.row_bytes for w in order]
+        union = union_sorted([parts[w] for w in order]).numel() if self.interconnect.collective == "chosen" else 0
+        self._link[step] = self.interconnect.delivery_s([sends[w] for w in order], sizes, union)
         self.headers[step] = self.now
         if not self.config.two_phase:
             self._deliver(step, self._link.pop(step))
@@ -451,8 +454,7 @@ class _Process:
                     staged = self.staged.get((step, worker), [])
                     if len(staged) == len(sim.tasks(step, worker)):
                         self.committed.add((step, worker))
-                        rows = union_sorted([sim.workload.writes[read.view] for read in staged])
-                        sim.commit(step, worker, rows.numel() * sim.config.row_bytes)
+                        sim.commit(step, worker, union_sorted([sim.workload.writes[read.view] for read in staged]))
                         changed = True
             step = self.published + 1
             if sim.config.two_phase and sim.headers.get(step, float("inf")) <= sim.now:
