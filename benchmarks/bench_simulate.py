@@ -355,8 +355,8 @@ def report(
                 f"Predictions: B = 1, K = 4, {args.predict_steps} steps per mode, one rank per worker, 10gbe "
                 "(`comm/link.py`'s preset: 10 GbE slowed like this CPU's compute), each step's exchange the one of "
                 "fewest bytes, as `DistributedTransport` chooses it (the sparse all-gather, union-then-reduce or the "
-                "dense all-reduce, each timed as a ring), the other ranks' writes predicted by the rows they would draw "
-                "(today's runtime); "
+                "dense all-reduce, each timed as a ring), the other ranks' writes predicted by the rows they would "
+                "draw (today's runtime); "
                 "quality-first's row is the paper's comparison, **1.22x at 8 GPUs** in the paper. The last column is "
                 "the barrier exchanging as dense data parallelism does (a ring all-reduce of all N rows)."
             ),
