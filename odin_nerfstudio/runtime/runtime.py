@@ -100,7 +100,7 @@ class OdinRuntime:
         if config.spatial_order and start_step == 0:
             restore_spatial_order(params, optimizers, strategy_state)
         self.tables = PrimitiveTables.create(self.num_primitives, device=self.device)
-        self.shadow = ShadowGraph(config.ring_slots, device=self.device)
+        self.shadow = ShadowGraph(config.ring_slots, device=self.device, measure_norms=batch_gain is not None)
         self.meter = Meter(self.device)
         self.index = CullingIndex(params, self.adapter, config.candidate_margin, config.near_plane)
         self.policy = POLICIES[config.mode].of(config)

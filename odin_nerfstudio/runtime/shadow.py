@@ -106,13 +106,16 @@ class ShadowGraph:
     Args:
         ring_slots: K, the number of steps that may be staged at once.
         device: where the slots' row tensors live (the model's device).
+        measure_norms: whether each staged task carries its gradients' squared norms (the adaptive batch rule's
+            measurement; work on every task that nothing else reads, so off without the rule).
     """
 
-    def __init__(self, ring_slots: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, ring_slots: int, device: torch.device | str = "cpu", measure_norms: bool = True) -> None:
         if ring_slots < 1:
             raise ValueError(f"ring_slots must be >= 1, got {ring_slots}")
         self.ring_slots = ring_slots
         self.device = torch.device(device)
+        self.measure_norms = measure_norms
         self.slots: list[RingSlot | None] = [None] * ring_slots
         self.memory = MemoryMeter()
         ops.compiled(self.device)  # load the kernel library now (seconds), not inside the first hook's clock
@@ -205,15 +208,15 @@ class ShadowGraph:
             active: positions in C(t) of A(t), sorted int64 [A]: the rows staged, with their gradient rows.
             stats: the task's statistics (none, or one dict).
 
-        The staged update carries its gradients' squared norms (``SparseUpdate.sq_norms``), which the adaptive
-        batch rule sums over a step's tasks.
+        With ``measure_norms`` the staged update carries its gradients' squared norms (``SparseUpdate.sq_norms``),
+        which the adaptive batch rule sums over a step's tasks.
         """
         grads = {
             name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
             for name, leaf in leaves.items()
         }
         rows = candidate.index_select(0, active)
-        self.stage(key, SparseUpdate(rows, grads, stats, squared_norms(grads)))
+        self.stage(key, SparseUpdate(rows, grads, stats, squared_norms(grads) if self.measure_norms else None))
         self.release(leaves)
         return rows
 

@@ -509,6 +509,21 @@ def test_shadow_graph_memory_stays_below_a_model_copy() -> None:
     assert memory["current_extra_bytes"] == 0
 
 
+def test_staged_tasks_carry_squared_norms_only_for_the_adaptive_batch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norms feed only the adaptive gain: without one the hot path skips them; with one every staged task has
+    them (a step's r is measured from them)."""
+    staged: list[SparseUpdate] = []
+    stage = ShadowGraph.stage
+    monkeypatch.setattr(
+        ShadowGraph, "stage", lambda self, key, update: (staged.append(update), stage(self, key, update))
+    )
+    run("quality", SPARSE, 2, 2, steps=2)
+    assert staged and all(update.sq_norms is None for update in staged)
+    staged.clear()
+    run("quality", SPARSE, 2, 2, steps=2, batch_gain=AdaptiveGain(4))
+    assert staged and all(update.sq_norms is not None for update in staged)
+
+
 def test_shadow_ring_stages_in_task_order_and_keeps_superseded_candidates() -> None:
     params = {"means": torch.zeros(10, 3), "opacities": torch.zeros(10)}
     shadow = ShadowGraph(ring_slots=2)
