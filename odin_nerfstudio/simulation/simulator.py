@@ -185,7 +185,7 @@ class Simulation:
         self.policy = POLICIES[config.runtime.mode].of(config.runtime)
         self.now = 0.0
         self._sends: dict[int, dict[int, float]] = {}
-        self._bytes: dict[int, dict[int, Tensor]] = {}
+        self._parts: dict[int, dict[int, Tensor]] = {}
         self.delivery: dict[int, float] = {}
         self._link: dict[int, float] = {}
         self.headers: dict[int, float] = {}
@@ -246,11 +246,11 @@ class Simulation:
         link's delivery is known and, for a two-phase exchange, the header has arrived (processes blocked on the
         step poll it at once)."""
         self._sends.setdefault(step, {})[worker] = self.now
-        self._bytes.setdefault(step, {})[worker] = rows
+        self._parts.setdefault(step, {})[worker] = rows
         if len(self._sends[step]) < self.config.num_workers:
             return
         order = range(self.config.num_workers)
-        sends, parts = self._sends.pop(step), self._bytes.pop(step)
+        sends, parts = self._sends.pop(step), self._parts.pop(step)
         sizes = [parts[w].numel() * self.config.row_bytes for w in order]
         union = union_sorted([parts[w] for w in order]).numel() if self.interconnect.collective == "chosen" else 0
         self._link[step] = self.interconnect.delivery_s([sends[w] for w in order], sizes, union)
