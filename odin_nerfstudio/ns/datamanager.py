@@ -3,8 +3,9 @@
 Odin (arXiv 2607.19893) trains from a schedule compiled ahead of time from the Relative Locality Graph (RLG) of
 the train views' SfM tracks: every view once per epoch, consecutive steps loosely connected, each step's W x B
 tasks balanced over the W workers (:mod:`odin_nerfstudio.scheduling.schedule`). This datamanager builds that RLG and
-schedule from the `sfm_tracks` the `odin-colmap` dataparser puts in the train split's metadata (view costs from
-the train cameras' width x height, after `camera_res_scale_factor`), and serves each rank's tasks in order.
+schedule from the per-view point sets the `odin-colmap` dataparser puts in the train split's metadata (`sfm_in_view`
+by default, `sfm_tracks` with `--pipeline.datamanager.rlg-points observed`; view costs from the train cameras'
+width x height, after `camera_res_scale_factor`), and serves each rank's tasks in order.
 
 Who reads the schedule. odin-splat's trainer (`OdinTrainer`) runs schedule step i at iteration i on every rank,
 all of the step's tasks through Odin's runtime, and reads `schedule`, `workers` and the cached images from here;
@@ -67,7 +68,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
 
     _target: Type = field(default_factory=lambda: OdinDatamanager)
     dataparser: AnnotatedDataParserUnion = field(default_factory=OdinColmapDataParserConfig)
-    """Must put per-view `sfm_tracks` in the train split's metadata, as odin-colmap does."""
+    """Must put per-view `sfm_tracks` and `sfm_in_view` in the train split's metadata, as odin-colmap does."""
     num_workers: Optional[int] = None
     """W, workers of the schedule; None: the world size N. A multiple k x N runs k of its workers on every rank."""
     views_per_step: int = 1
@@ -83,6 +84,10 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
     overlap_threshold: float = 0.1
     """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
+    rlg_points: Literal["in-view", "observed"] = "in-view"
+    """Which SfM points stand for a view in the RLG: in-view, those it observes plus every point in its field of
+    view (what the rasterizer draws, so what conflicts); observed, its track observations alone (the paper's RLG,
+    blind to far content: on a street SfM matches stop a few metres away while a view down it draws far beyond)."""
 
     def schedule_config(self, world_size: int) -> ScheduleConfig:
         """The ScheduleConfig these options give in a world of ``world_size`` processes."""
@@ -206,14 +211,15 @@ class OdinDatamanager(FullImageDatamanager):
         from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
         from odin_nerfstudio.scheduling.schedule import Schedule
 
-        tracks = self.train_dataparser_outputs.metadata.get("sfm_tracks")
+        key = "sfm_tracks" if self.config.rlg_points == "observed" else "sfm_in_view"
+        tracks = self.train_dataparser_outputs.metadata.get(key)
         if tracks is None:
             raise ValueError(
-                "OdinDatamanager needs per-view SfM tracks (metadata 'sfm_tracks') to build the RLG; use the "
+                f"OdinDatamanager needs per-view SfM point sets (metadata '{key}') to build the RLG; use the "
                 "odin-colmap dataparser (`ns-train odin-splat ... odin-colmap`)."
             )
         if len(tracks) != len(self.train_dataset):
-            raise ValueError(f"sfm_tracks holds {len(tracks)} views but the train split has {len(self.train_dataset)}")
+            raise ValueError(f"{key} holds {len(tracks)} views but the train split has {len(self.train_dataset)}")
         config = self.config.schedule_config(self.world_size)
         return Schedule(RelativeLocalityGraph.from_point_sets(tracks), config, self.view_pixels)
 

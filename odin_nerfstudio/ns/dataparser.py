@@ -8,6 +8,7 @@ reader keeps one observation per point and drops image ids; it is not used.
 
 Metadata added to the outputs:
     sfm_tracks     list of [n_i] int64 arrays: the point3D ids each view of the split observes
+    sfm_in_view    list of [m_i] int64 arrays: those plus the ids of every point in the view's field of view
     points3D_ids   [P] int64: COLMAP point3D id of each seed point (rows of points3D_xyz)
 """
 
@@ -57,6 +58,7 @@ class OdinColmapDataParser(ColmapDataParser):
                     "but the scheduler cannot predict its conflicts.[/yellow]"
                 )
         outputs.metadata["sfm_tracks"] = tracks
+        outputs.metadata["sfm_in_view"] = self._tracks().for_names(names, "in-view")
         return outputs
 
     def _check_layout(self) -> None:

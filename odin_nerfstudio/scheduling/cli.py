@@ -26,7 +26,7 @@ import tyro
 
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, describe
-from odin_nerfstudio.scheduling.tracks import load_reconstruction, read_colmap_tracks
+from odin_nerfstudio.scheduling.tracks import RlgPoints, load_reconstruction, read_colmap_tracks
 
 
 @dataclass
@@ -50,6 +50,9 @@ class ScheduleCliConfig:
     """K, the farthest back (in steps) a step's overlap window reaches."""
     overlap_threshold: float = 0.1
     """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
+    rlg_points: RlgPoints = "in-view"
+    """Points that stand for a view in the RLG: in-view (observed plus every point in its field of view, the
+    default of ns-train's --pipeline.datamanager.rlg-points) or observed (its SfM track observations alone)."""
     output: Optional[Path] = None
     """PNG to draw the RLG and the conflict profile into; nothing is drawn when omitted."""
 
@@ -86,7 +89,7 @@ def run(config: ScheduleCliConfig) -> list[str]:
             f"the {len(names)} training views ns-train schedules, of {len(tracks.image_names)} images "
             "(--split all for every image)"
         )
-    rlg = RelativeLocalityGraph.from_point_sets(tracks.for_names(names))
+    rlg = RelativeLocalityGraph.from_point_sets(tracks.for_names(names, config.rlg_points))
     schedule = Schedule(rlg, schedule_config(config), tracks.pixels_for_names(names))
     check_step_fits(schedule)
     lines = [f"{config.data}: {header}", *describe(schedule)]

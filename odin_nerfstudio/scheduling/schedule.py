@@ -285,8 +285,9 @@ class Schedule:
         schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels)
         if data["rlg_fingerprint"] != rlg.fingerprint() or data["num_views"] != schedule.num_views:
             raise ValueError(
-                "the schedule was compiled for a different RLG (other views, view order or tracks); "
-                "rebuild the RLG from the run's COLMAP model and train split, or compile a new schedule"
+                "the schedule was compiled for a different RLG (other views, view order, tracks or RLG points); "
+                "rebuild the RLG from the run's COLMAP model, train split and --pipeline.datamanager.rlg-points, "
+                "or compile a new schedule"
             )
         if data["view_cost_sha256"] != _array_digest(schedule.view_cost):
             raise ValueError("the schedule was compiled with other view costs; pass the same pixels per view")

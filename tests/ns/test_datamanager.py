@@ -123,7 +123,7 @@ def test_schedule_json_is_written_to_the_run_folder_and_checked_on_resume(
 def test_a_saved_schedule_of_another_scene_is_refused(
     single: OdinDatamanager, tmp_path: Path, change: str, reason: str
 ) -> None:
-    tracks, pixels = single.train_dataparser_outputs.metadata["sfm_tracks"], single.view_pixels
+    tracks, pixels = single.train_dataparser_outputs.metadata["sfm_in_view"], single.view_pixels
     if change == "views":
         other = Schedule(RelativeLocalityGraph.from_point_sets(tracks[:-1]), single.schedule.config, pixels[:-1])
     else:
@@ -167,7 +167,7 @@ def test_bad_setups_fail_with_clear_errors() -> None:
     plain = ColmapDataParserConfig(
         data=real_scene("kermit_320"), colmap_path=Path("sparse/0"), downscale_factor=1, load_3D_points=False
     )
-    with pytest.raises(ValueError, match="needs per-view SfM tracks.*odin-colmap"):
+    with pytest.raises(ValueError, match="needs per-view SfM point sets.*sfm_in_view.*odin-colmap"):
         OdinDatamanagerConfig(dataparser=plain, camera_res_scale_factor=0.25).setup(device="cpu")
 
 

@@ -37,7 +37,7 @@ def test_statistics_match_the_library_and_the_png_is_drawn(
     out = capsys.readouterr().out
 
     tracks = read_colmap_tracks(any_real_scene / "sparse" / "0")
-    rlg = RelativeLocalityGraph.from_point_sets(tracks.point_ids)
+    rlg = RelativeLocalityGraph.from_point_sets(tracks.in_view_ids)  # the default --rlg-points in-view
     schedule = Schedule(rlg, ScheduleConfig(num_workers=2, views_per_worker=2, seed=3), tracks.pixels)
     graph, stats = rlg.summary(), schedule.summary()
     assert number(r"RLG: (\d+) views", out) == graph["views"] == len(tracks.image_names)
@@ -69,7 +69,7 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "RLG: 11 views, 54 edges" in result.stdout
+    assert "RLG: 11 views, 55 edges" in result.stdout  # in view of one another: every pair
     assert "W=3 workers x B=1 views = 3 views per step, 4 steps per epoch (the last one short: 2 views)" in (
         result.stdout
     )
@@ -89,10 +89,13 @@ def test_by_default_the_views_are_the_training_split_ns_train_schedules(
 
     main(["--data", str(any_real_scene)])
     out = capsys.readouterr().out
-    graph = RelativeLocalityGraph.from_point_sets(train.metadata["sfm_tracks"]).summary()
+    graph = RelativeLocalityGraph.from_point_sets(train.metadata["sfm_in_view"]).summary()
     assert f"the {len(names)} training views ns-train schedules" in out and "--split all" in out
     assert number(r"RLG: (\d+) views", out) == graph["views"] == len(names)
     assert number(r"(\d+) edges", out) == graph["edges"]
+    main(["--data", str(any_real_scene), "--rlg-points", "observed"])
+    observed = RelativeLocalityGraph.from_point_sets(train.metadata["sfm_tracks"]).summary()
+    assert number(r"(\d+) edges", capsys.readouterr().out) == observed["edges"]
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pycolmap
 import pytest
+import torch
 
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
@@ -55,3 +59,42 @@ def test_street_conflict_mass_is_at_most_half_of_random(
         assert summary["conflict_mass"] <= 0.5 * summary["random_conflict_mass"]
     else:
         assert np.isfinite(summary["ratio"]) and summary["balance"] < 1.5
+
+
+def test_the_in_view_rlg_links_every_pair_of_views_that_draw_the_same_points(synthetic: tuple[str, Path]) -> None:
+    """What conflicts at run time is what two views both draw, far content included. Drawn here is decided by the
+    culling layer's drawable region (sphere against the image's planes, another code path than the projection of
+    ``in_view_point_ids``); a pair draws the same points when they share 5% of the smaller view's. The in-view
+    RLG links every such pair; the observed RLG, whose SfM matches stop at the preset's matching range, misses
+    some on the street."""
+    preset, scene = synthetic
+    sparse = scene / "sparse" / "0"
+    tracks = read_colmap_tracks(sparse)
+    reconstruction = pycolmap.Reconstruction(str(sparse))
+    images = {image.name: image for image in reconstruction.images.values()}
+    points = BoundingSpheres.of(torch.from_numpy(tracks.points_xyz).float(), torch.zeros(len(tracks.points_xyz), 3))
+    drawn = []
+    for name in tracks.image_names:
+        image = images[name]
+        camera = reconstruction.cameras[image.camera_id]
+        viewmat = np.eye(4)
+        viewmat[:3] = image.cam_from_world().matrix()
+        K = np.asarray(camera.calibration_matrix())
+        pinhole = Camera(torch.from_numpy(viewmat).float(), torch.from_numpy(K).float(), camera.width, camera.height)
+        region = CullRegion.drawable(pinhole)
+        drawn.append(set(points.rows_in(region).tolist()))
+    views = len(drawn)
+    sharing = [
+        (i, j)
+        for i in range(views)
+        for j in range(i + 1, views)
+        if len(drawn[i] & drawn[j]) >= max(1.0, 0.05 * min(len(drawn[i]), len(drawn[j])))
+    ]
+    linked = {}
+    for points_of_view in ("observed", "in-view"):
+        weights = RelativeLocalityGraph.from_point_sets(tracks.for_names(tracks.image_names, points_of_view)).weights
+        linked[points_of_view] = sum(weights[i, j] > 0 for i, j in sharing)
+    print(f"{preset}: {len(sharing)} view pairs draw the same points; RLG links {linked}")
+    assert sharing and linked["in-view"] == len(sharing)
+    if preset == "street":
+        assert linked["observed"] < 0.9 * len(sharing)

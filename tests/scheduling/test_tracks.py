@@ -99,3 +99,34 @@ def test_model_without_points(kermit_320: Path, tmp_path: Path) -> None:
     reconstruction.write(str(tmp_path))
     with pytest.raises(ValueError, match="no 3D points.*triangulat"):
         read_colmap_tracks(tmp_path)
+
+
+def test_in_view_points_are_those_in_front_that_project_into_the_widened_image() -> None:
+    """A pinhole camera at the origin looking down +z, 200 x 100 pixels, f = 100: far points ahead are in view
+    (SfM would not have matched them), points behind or beyond the margin are not."""
+    from odin_nerfstudio.scheduling.tracks import in_view_point_ids
+
+    K = np.array([[100.0, 0.0, 100.0], [0.0, 100.0, 50.0], [0.0, 0.0, 1.0]])
+    cam_from_world = np.hstack([np.eye(3), np.zeros((3, 1))])
+    xyz = np.array(
+        [
+            [0.0, 0.0, 1000.0],  # far ahead: in
+            [0.0, 0.0, -1.0],  # behind: out
+            [1.1, 0.0, 1.0],  # u = 210, within the 10% margin (220): in
+            [1.3, 0.0, 1.0],  # u = 230: out
+            [0.0, -0.55, 1.0],  # v = -5, within the margin (-10): in
+            [0.0, 0.7, 1.0],  # v = 120: out
+        ]
+    )
+    assert in_view_point_ids(xyz, cam_from_world, K, 200, 100).tolist() == [0, 2, 4]
+
+
+def test_in_view_sets_hold_the_observed_points(any_real_scene: Path) -> None:
+    """Each view's in-view set is its observed set plus points in its field of view, never fewer."""
+    tracks = read_colmap_tracks(any_real_scene / "sparse" / "0")
+    assert tracks.in_view_ids is not None
+    for observed, in_view in zip(tracks.point_ids, tracks.in_view_ids):
+        assert np.all(np.diff(in_view) > 0) and np.isin(observed, in_view).all()
+    assert sum(map(len, tracks.in_view_ids)) > sum(map(len, tracks.point_ids))
+    with pytest.raises(ValueError, match="observed.*in-view"):
+        tracks.for_names(tracks.image_names[:1], "visible")
