@@ -3,7 +3,9 @@
 Odin (arXiv 2607.19893) schedules training from a graph whose nodes are the training views and whose edge
 (i, j) weighs the Jaccard similarity |P_i n P_j| / |P_i u P_j| of the SfM point sets P_i, P_j the two views
 observe. Tracks are available before training, stable across it, and predict primitive-level conflicts better
-than camera geometry does.
+than camera geometry does. The graph takes any per-view point sets: odin-splat's default gives each view its
+observed points plus the SfM points in its field of view (``SfMTracks.for_names(..., "in-view")``), because a
+view draws, and so writes, far content that SfM never matched in it.
 
 Built sparsely: a CSR views x points incidence matrix A [V, P] gives every intersection at once through the
 sparse product A @ A.T (Gustavson's row-by-row algorithm in scipy), and the unions follow from the row counts,
@@ -50,7 +52,7 @@ class RelativeLocalityGraph:
         """Build the RLG from each view's observed point ids (any integer ids; duplicates are ignored).
 
         Args:
-            point_sets: V integer arrays, view i's observed SfM point ids [n_i] (as ``SfMTracks.for_names``).
+            point_sets: V integer arrays, view i's SfM point ids [n_i] (as ``SfMTracks.for_names``).
         """
         incidence = incidence_matrix(point_sets)
         weights = jaccard_weights(incidence)
