@@ -24,6 +24,7 @@ import tyro
 
 from odin_nerfstudio.core.timeline_metrics import load_run
 from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
+from odin_nerfstudio.scheduling.tracks import RlgPoints
 from odin_nerfstudio.simulation.costs import CostModel, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
 from odin_nerfstudio.simulation.run_folder import read_run_settings
@@ -72,6 +73,8 @@ class SimulateCliConfig:
     """Cost each view's task with the |C(t)| the run recorded for it (the run's own scene), not the culled one."""
     downscale: int = 1
     """Divide the scene's image sides by this (as the datamanager's camera-res-scale-factor would)."""
+    rlg_points: RlgPoints = "in-view"
+    """The RLG's point sets, as the run's --pipeline.datamanager.rlg-points (runs before main's 5084c83: observed)."""
     seed: int = 0
     """The schedule's seed."""
 
@@ -101,7 +104,7 @@ def run(config: SimulateCliConfig) -> list[str]:
     if config.save_costs is not None:
         costs.save(config.save_costs)
     scene = config.scene if config.scene is not None else read_run_settings(config.run[0]).scene
-    workload = Workload.from_colmap(scene, downscale=config.downscale)
+    workload = Workload.from_colmap(scene, downscale=config.downscale, rlg_points=config.rlg_points)
     if config.replay:
         return replay(config, costs, workload)
     if config.replay_sizes:

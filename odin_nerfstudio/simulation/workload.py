@@ -10,8 +10,8 @@ the simulator takes it from the scene itself, through the runtime's own culling:
   write set A(v) is approximated by the rows the camera draws (projected radius > 0,
   :func:`~odin_nerfstudio.rendering.rasterize.drawn_rows`), a superset of the rows with a non-zero gradient. The
   views are the training split ``odin-schedule`` and ns-train use, and the schedule is compiled from the same
-  tracks, so a simulated step holds the real run's views. A model trained past its first densification has more
-  rows; these sets are those of the start of training.
+  point sets (``rlg_points``), so a simulated step holds the real run's views. A model trained past its first
+  densification has more rows; these sets are those of the start of training.
 - point sets (``citygen``'s city, no images): each view's SfM points stand for its rows, C(v) = A(v) = its points.
 """
 
@@ -35,7 +35,7 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.scheduling.cli import training_views
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
-from odin_nerfstudio.scheduling.tracks import load_reconstruction, read_colmap_tracks
+from odin_nerfstudio.scheduling.tracks import RlgPoints, load_reconstruction, read_colmap_tracks
 
 ROW_BYTES = 260
 """Bytes one active row adds to a worker's exchanged update: its int64 row, the float32 gradients of gsplat's
@@ -106,10 +106,16 @@ class Workload:
 
     @classmethod
     def from_colmap(
-        cls, scene: Path, eval_interval: int = 8, downscale: int = 1, margin: float | None = None
+        cls,
+        scene: Path,
+        eval_interval: int = 8,
+        downscale: int = 1,
+        margin: float | None = None,
+        rlg_points: RlgPoints = "in-view",
     ) -> Workload:
         """A COLMAP scene's training views on its initial model (see the module); ``downscale`` divides the
-        images' sides as ``--pipeline.datamanager.camera-res-scale-factor`` would."""
+        images' sides as ``--pipeline.datamanager.camera-res-scale-factor`` would, ``rlg_points`` picks the RLG's
+        point sets as ``--pipeline.datamanager.rlg-points`` does."""
         scene = Path(scene)
         if not scene.is_dir():
             raise FileNotFoundError(f"--scene {scene} does not exist; pass a folder holding sparse/0/")
@@ -119,7 +125,8 @@ class Workload:
         reconstruction = load_reconstruction(sparse)
         by_name = {image.name: image for image in reconstruction.images.values()}
         cameras = [_camera(reconstruction, by_name[name], downscale) for name in names]
-        return cls.from_model(scene.name, initial_model(tracks.points_xyz), cameras, tracks.for_names(names), margin)
+        point_sets = tracks.for_names(names, rlg_points)
+        return cls.from_model(scene.name, initial_model(tracks.points_xyz), cameras, point_sets, margin)
 
     @classmethod
     def from_model(
