@@ -84,7 +84,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
     overlap_threshold: float = 0.1
     """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
-    rlg_points: Literal["in-view", "observed"] = "in-view"
+    rlg_points: Literal["in-view", "observed"] = "in-view"  # scheduling.tracks.RlgPoints, which imports pycolmap
     """Which SfM points stand for a view in the RLG: in-view, those it observes plus every point in its field of
     view (what the rasterizer draws, so what conflicts); observed, its track observations alone (the paper's RLG,
     blind to far content: on a street SfM matches stop a few metres away while a view down it draws far beyond)."""

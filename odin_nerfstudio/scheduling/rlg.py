@@ -10,7 +10,8 @@ view draws, and so writes, far content that SfM never matched in it.
 Built sparsely: a CSR views x points incidence matrix A [V, P] gives every intersection at once through the
 sparse product A @ A.T (Gustavson's row-by-row algorithm in scipy), and the unions follow from the row counts,
 |P_i u P_j| = |P_i| + |P_j| - |P_i n P_j|. Time and memory grow with the sum over points of their squared
-track length plus the number of co-observing view pairs; no dense V x V array is ever formed.
+track length (with in-view sets: the number of views each point is in view of) plus the number of co-observing
+view pairs; no dense V x V array is ever formed.
 
 A view with no tracks is an isolated node: degree 0, weighted degree 0, no edges (the Jaccard of two empty sets
 is taken as 0, since they share no primitive that could conflict).

@@ -141,7 +141,12 @@ def in_view_point_ids(
 
     Why: Odin's active set A(t) is every Gaussian the rasterizer draws, wherever it lies in the view, while SfM
     observes only the points it matched, which on a street stops a few metres from the camera although a view
-    down the street draws Gaussians far beyond. Distortion is ignored; the margin covers it. O(P) per view.
+    down the street draws Gaussians far beyond. Distortion is ignored; the margin covers it. The numpy twin, for
+    points, of the culling layer's drawable region (this layer imports no torch).
+
+    Cost: O(P) per view, so O(V P) for a model, and the in-view sets are larger than the tracks: a point in view
+    of every camera of a dense capture joins every view's set, which the RLG's sparse product then pays for
+    squared. Large dense captures schedule faster from the tracks alone (``rlg-points observed``).
     """
     camera = xyz @ cam_from_world[:, :3].T + cam_from_world[:, 3]
     z = camera[:, 2]

@@ -124,7 +124,7 @@ class Workload:
         names = training_views(scene, sparse, eval_interval)
         reconstruction = load_reconstruction(sparse)
         by_name = {image.name: image for image in reconstruction.images.values()}
-        cameras = [_camera(reconstruction, by_name[name], downscale) for name in names]
+        cameras = [colmap_camera(reconstruction, by_name[name], downscale) for name in names]
         point_sets = tracks.for_names(names, rlg_points)
         return cls.from_model(scene.name, initial_model(tracks.points_xyz), cameras, point_sets, margin)
 
@@ -170,7 +170,7 @@ def initial_model(points: np.ndarray) -> dict[str, Tensor]:
     }
 
 
-def _camera(reconstruction, image, downscale: int) -> Camera:
+def colmap_camera(reconstruction, image, downscale: int = 1) -> Camera:
     """The runtime camera of a COLMAP image (world-to-camera in OpenCV axes, as COLMAP's), its sides / downscale."""
     colmap = reconstruction.cameras[image.camera_id]
     pose = image.cam_from_world() if callable(image.cam_from_world) else image.cam_from_world

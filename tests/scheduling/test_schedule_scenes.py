@@ -13,12 +13,12 @@ import pycolmap
 import pytest
 import torch
 
-from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
+from odin_nerfstudio.simulation.workload import colmap_camera
 
 LAYOUTS = [(2, 1), (2, 2), (4, 1)]
 
@@ -75,13 +75,7 @@ def test_the_in_view_rlg_links_every_pair_of_views_that_draw_the_same_points(syn
     points = BoundingSpheres.of(torch.from_numpy(tracks.points_xyz).float(), torch.zeros(len(tracks.points_xyz), 3))
     drawn = []
     for name in tracks.image_names:
-        image = images[name]
-        camera = reconstruction.cameras[image.camera_id]
-        viewmat = np.eye(4)
-        viewmat[:3] = image.cam_from_world().matrix()
-        K = np.asarray(camera.calibration_matrix())
-        pinhole = Camera(torch.from_numpy(viewmat).float(), torch.from_numpy(K).float(), camera.width, camera.height)
-        region = CullRegion.drawable(pinhole)
+        region = CullRegion.drawable(colmap_camera(reconstruction, images[name]))
         drawn.append(set(points.rows_in(region).tolist()))
     views = len(drawn)
     sharing = [
