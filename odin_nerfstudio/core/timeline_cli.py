@@ -2,9 +2,9 @@
 
 Why: the Chrome trace (``odin_timeline.json``, ``odin_timeline_rank<r>.json``) opens in Perfetto, but a figure for a
 report or an issue should show at a glance where each rank computed and where it waited, and why. One lane per
-worker of each rank: render (blue), backward (orange), wait coloured by its reason (raw conflict red, barrier grey,
-ring purple, other brown); under it a thin lane of the rank's exchanges in flight (comm, green, from its start to its
-publication) and its publications (black). Time runs from the run's first event; the ranks of one host share its
+worker of each rank: render (blue), backward (orange), wait coloured by its reason (raw conflict red, read behind
+pink, barrier grey, ring purple, other brown); under it a thin lane of the rank's exchanges in flight (comm,
+green, from its start to its publication) and its publications (black). Time runs from the run's first event; the ranks of one host share its
 monotonic clock, so their lanes line up (traces from several hosts are offset by their clocks). Above: views/s, the
 share of the wait-free bound, and per rank the idle and exposed wait shares (``timeline_metrics``).
 
@@ -23,7 +23,7 @@ from odin_nerfstudio.core.timeline import Event
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run, rank_files
 
 COLOURS = {"render": "#1f77b4", "backward": "#ff7f0e", "comm": "#2ca02c", "publish": "#000000"}
-WAIT_COLOURS = {"raw": "#d62728", "barrier": "#7f7f7f", "ring": "#9467bd"}
+WAIT_COLOURS = {"raw": "#d62728", "behind": "#e377c2", "barrier": "#7f7f7f", "ring": "#9467bd"}
 OTHER_WAIT = "#8c564b"
 LANE, THIN = 1.0, 0.35
 

@@ -23,8 +23,9 @@ Definitions (per rank r; a rank's W virtual workers, when one process holds seve
 - hidden wait of a mode against barrier (:meth:`RunMetrics.hidden_wait`): 1 - its exposed wait per view / the
   barrier's, the share of the barrier's critical-path wait the mode removes (the paper's 82%).
 - conflict rate: conflicting tasks per task. A task conflicts when its read met an earlier step's pending write:
-  its worker waited on it (a "raw" wait, counted once however often the read was re-polled), read past it (an
-  admitted stale read), or missed it ("stale" or "candidate" validation failure). A throughput-first read admitted
+  its worker waited on it (a "raw" wait, counted once however often the read was re-polled; read behind, a row
+  of its C(t) written by the step before: the counters' ``behind_conflicts``), read past it (an admitted stale
+  read), or missed it ("stale" or "candidate" validation failure). A throughput-first read admitted
   stale and re-run after validation counts twice (at most the stale reads not kept).
 - fallback rate: re-runs per task.
 - stale reads: admitted, kept (reached the model), and their staleness (steps), max and mean.
@@ -83,6 +84,11 @@ class StaleReadSummary:
 def _field(record: Any, name: str) -> Any:
     """``record[name]`` of a dict or ``record.name`` of an object."""
     return record[name] if isinstance(record, Mapping) else getattr(record, name)
+
+
+def _field_or(record: Any, name: str, default: Any) -> Any:
+    """:func:`_field`, or ``default`` where the record has no such field (counters written before it existed)."""
+    return record.get(name, default) if isinstance(record, Mapping) else getattr(record, name, default)
 
 
 @dataclass(frozen=True)
@@ -281,6 +287,8 @@ class TimelineMeter:
         stale = StaleReadSummary() if counters is None else StaleReadSummary.of_counters(counters)
         failures = {} if counters is None else _field(counters, "validation_failures")
         conflicts = self._waits.get("raw", 0) + stale.admitted + sum(failures.get(k, 0) for k in CONFLICT_FAILURES)
+        if counters is not None:
+            conflicts += _field_or(counters, "behind_conflicts", 0)
         return RankMetrics(
             rank=self.rank,
             views=len(self._tasks),

@@ -15,6 +15,13 @@ gradients are staged in step s + 2's slot and exchanged after step s + 1's, once
 read validated (re-run if a prediction missed a write), so quality-first still equals the barrier; the wait the
 conflict would have exposed is spent rendering instead.
 
+Reading behind (:class:`ConflictStreak`): where every read conflicts with the step before (a dense scene), trying
+to read before that step is published only costs a cull and check per attempt, the running ahead's and the ask for
+rows first, and then waits anyway. After a streak of steps whose first reads met a conflict, a step's
+reads wait for the step before to be published first, as the barrier's do; each such read still tells whether it
+would have conflicted (a row of its C(t) written by that publication), and one that would not ends the streak.
+Waiting is always exact, so quality-first still equals the barrier.
+
 :func:`settle` is the barrier a trainer puts before what needs the synchronous state: checkpoints, evaluation,
 structural changes and the end of training.
 """
@@ -30,13 +37,36 @@ from odin_nerfstudio.runtime.runtime import OdinRuntime, Read, Wait
 
 @dataclass
 class Worker:
-    """One local worker's place: its step, the tasks of that step still to run, and its admitted read in flight."""
+    """One local worker's place: its step, the tasks of that step still to run, its admitted read in flight, its
+    latest Wait and its first read of the step."""
 
     worker: int
     step: int = 0
     remaining: list[Task] = field(default_factory=list)
     in_flight: Read | None = None
     last_wait: Wait | None = None
+    first_read: Read | None = None
+
+
+@dataclass
+class ConflictStreak:
+    """When a process's reads wait for the step before without trying first (reading behind).
+
+    Attributes:
+        after: steps in a row whose first reads met a conflict before the next steps read behind; 0: never.
+        streak: such steps so far, the last one included.
+    """
+
+    after: int = 4
+    streak: int = 0
+
+    def reads_behind(self) -> bool:
+        """Whether the next step's reads wait for the step before to be published first."""
+        return 0 < self.after <= self.streak
+
+    def saw(self, conflicted: bool) -> None:
+        """A step's first reads met a conflict (a RAW wait, or, read behind, a row the step before wrote), or not."""
+        self.streak = self.streak + 1 if conflicted else 0
 
 
 @dataclass
@@ -70,6 +100,7 @@ def turn(runtime: OdinRuntime, me: Worker) -> bool:
         return False
     me.remaining.remove(result.task)
     me.in_flight = result
+    me.first_read = me.first_read or result
     return True
 
 
@@ -97,6 +128,7 @@ def run_step(
     read_after: int = -1,
     ahead: Ahead | None = None,
     started: Collection[TaskKey] = (),
+    streak: ConflictStreak | None = None,
 ) -> None:
     """Run the local workers' tasks of ``step`` (``step_tasks[w]``: worker w's tasks, possibly none).
 
@@ -106,7 +138,8 @@ def run_step(
 
     ``ahead``: step + 1's local tasks, or None where the caller forbids running ahead (a structural change,
     evaluation, checkpoint or replica check follows this step, or it is the last). ``started``: keys of this step's
-    tasks that the previous call ran ahead (its ``ahead.started``); they are not run again.
+    tasks that the previous call ran ahead (its ``ahead.started``); they are not run again. ``streak``: the
+    process's :class:`ConflictStreak` (None: never read behind); this step's first reads are added to it.
 
     ``read_after``: the last step that must be published before any task of this step reads. A schedule's overlap
     window names the earlier steps a step may run beside; reading beside an older one is optimistic and, when that
@@ -129,25 +162,45 @@ def run_step(
         if ahead.step != step + 1 or len(ahead.tasks) != num_workers:
             raise ValueError(f"step {step}: ahead must hold step {step + 1}'s tasks for {num_workers} workers")
         plan_short_step(runtime, ahead.step, ahead.tasks)
-    await_published(runtime, read_after)
     workers = [Worker(w, step, [t for t in tasks if t.key not in started]) for w, tasks in enumerate(step_tasks)]
     workers = [me for me in workers if me.remaining]
+    behind = streak is not None and bool(workers) and streak.reads_behind()
+    if behind:
+        runtime.counters.read_behind += 1
+        await_published(runtime, max(read_after, step - 1), "behind", [me.worker for me in workers])
+    else:
+        await_published(runtime, read_after)
 
     def stuck() -> str:
         waits = {me.worker: (me.last_wait.reason, me.last_wait.step) for me in workers if me.remaining}
         return f"step {step}: no local worker can read and no publication is pending: {waits}"
 
+    first_round = streak is not None and bool(workers)
     while any(me.remaining for me in workers):
         published, progressed = runtime.published_through, False
         for me in workers:
             if me.remaining and turn(runtime, me):
                 turn(runtime, me)
                 progressed = True
+        if first_round:
+            first_round = False
+            streak.saw(_conflicted(runtime, workers, behind))
         runtime.progress()
         if not progressed and runtime.published_through == published and ahead is not None:
             progressed = run_ahead(runtime, workers, ahead)
         unblock(runtime, published, progressed, stuck)
     runtime.progress()
+
+
+def _conflicted(runtime: OdinRuntime, workers: Sequence[Worker], behind: bool) -> bool:
+    """Whether a step's first round of reads met a conflict: a worker waited on a RAW conflict, or, read behind,
+    a worker's first read holds a row the step before wrote (read earlier, it would have waited; counted in
+    ``behind_conflicts``, as a RAW wait would have been)."""
+    if behind:
+        met = [me.first_read is not None and runtime.conflicted_with_step_before(me.first_read) for me in workers]
+        runtime.counters.behind_conflicts += sum(met)
+        return any(met)
+    return any(me.last_wait is not None and me.last_wait.reason == "raw" for me in workers)
 
 
 def run_ahead(runtime: OdinRuntime, workers: Sequence[Worker], ahead: Ahead) -> bool:
@@ -175,8 +228,11 @@ def run_ahead(runtime: OdinRuntime, workers: Sequence[Worker], ahead: Ahead) -> 
     return False
 
 
-def await_published(runtime: OdinRuntime, step: int) -> None:
-    """Block until ``step`` is published (each wait bounded by ``wait_timeout_s``).
+def await_published(
+    runtime: OdinRuntime, step: int, reason: str = "window", workers: Sequence[int] = (-1,)
+) -> None:
+    """Block until ``step`` is published (each wait bounded by ``wait_timeout_s``), a block recorded as a wait of
+    ``workers`` (default: the process) for ``reason``: ``window`` (the overlap-window gate) or ``behind``.
 
     Raises:
         RuntimeError: if this process has not yet sent its part of a step up to ``step`` (it would wait forever).
@@ -191,7 +247,8 @@ def await_published(runtime: OdinRuntime, step: int) -> None:
                 f"{runtime.published_through + 1} yet"
             )
     if blocked:
-        _record_block(runtime, "window", step, start)
+        for worker in workers:
+            _record_block(runtime, reason, step, start, worker)
 
 
 def settle(runtime: OdinRuntime) -> None:
@@ -206,8 +263,8 @@ def settle(runtime: OdinRuntime) -> None:
     runtime.drain()
 
 
-def _record_block(runtime: OdinRuntime, reason: str, step: int, start_ns: int) -> None:
-    """Put a block of the driver on the timeline as a wait of the process (track -1), so the timeline's exposed
-    wait holds it too: ``window`` (a step's overlap-window gate) or ``settle`` (before a checkpoint, evaluation,
-    structural change or the end)."""
-    runtime.timeline.record("wait", -1, step, start_ns, {"reason": reason, "on_step": step})
+def _record_block(runtime: OdinRuntime, reason: str, step: int, start_ns: int, worker: int = -1) -> None:
+    """Put a block of the driver on the timeline as a wait of ``worker`` (default: the process, track -1), so the
+    timeline's exposed wait holds it too: ``window`` (a step's overlap-window gate), ``behind`` (reading behind)
+    or ``settle`` (before a checkpoint, evaluation, structural change or the end)."""
+    runtime.timeline.record("wait", worker, step, start_ns, {"reason": reason, "on_step": step})

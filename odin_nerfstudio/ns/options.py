@@ -35,6 +35,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "runtime.candidate_margin": _number(lambda v: v >= 0, "a number >= 0"),
     "runtime.wait_timeout_s": _number(lambda v: v > 0, "a number of seconds > 0"),
     "replica_check_every": _integer_at_least(0),
+    "read_behind_after": _integer_at_least(0),
     "rank0_work_timeout_s": _number(lambda v: v > 0, "a number of seconds > 0"),
     "pipeline.datamanager.views_per_step": _integer_at_least(1),
     "pipeline.datamanager.ring_size": _integer_at_least(1),

@@ -96,6 +96,11 @@ class OdinTrainerConfig(TrainerConfig):
     """Let a worker whose tasks of a step all wait on a conflicting publication run its task of the next step first
     (validated like any read, so quality-first still equals the barrier); never across a structural change,
     evaluation, checkpoint or replica check (`drivers/step_loop.py`)."""
+    read_behind_after: int = 4
+    """After this many steps in a row whose first read met a conflict (a dense scene), a step reads only once the
+    step before is published, without trying first, as the barrier does: waiting is exact, and it spares the
+    attempts' culls and checks, the running ahead's and the ask for rows first; a read behind that would not have
+    conflicted ends the streak (`drivers/step_loop.py`). 0: never."""
     interconnect: InterconnectName = "none"
     """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
     delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
@@ -164,6 +169,9 @@ class OdinTrainer(Trainer):
         restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
         self._cameras: dict = {}
         self._ahead = None
+        from odin_nerfstudio.drivers.step_loop import ConflictStreak
+
+        self._streak = ConflictStreak(self.config.read_behind_after)
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.world_size == 1 and self.runtime.topology.num_workers > 1:
             CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
@@ -269,10 +277,11 @@ class OdinTrainer(Trainer):
         self._ahead = None
         if step + 1 < self._start_step + self.config.max_num_iterations:
             upcoming = self._local_tasks(step + 1)
-            runtime.upcoming([task for tasks in upcoming for task in tasks])
+            if not self._streak.reads_behind():  # a step read behind has no use for rows first
+                runtime.upcoming([task for tasks in upcoming for task in tasks])
             if self._may_run_ahead(step):
                 self._ahead = Ahead(step + 1, upcoming)
-        run_step(runtime, step, self._local_tasks(step), read_after, self._ahead, started)
+        run_step(runtime, step, self._local_tasks(step), read_after, self._ahead, started, self._streak)
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
         losses = runtime.render_fn.pop_losses(step)

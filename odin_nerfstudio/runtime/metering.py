@@ -57,6 +57,10 @@ class RuntimeCounters:
         reordered: reads where dynamic ordering ran a later task of the worker's step first.
         ran_ahead: reads of a task of the worker's next step while its current step's tasks waited
             (``drivers/step_loop.py``'s running ahead).
+        read_behind: steps whose reads waited for the step before to be published before trying
+            (``drivers/step_loop.py``'s reading behind, after a streak of conflicts).
+        behind_conflicts: reads behind whose C(t) holds a row the step before wrote (read earlier, they would have
+            waited on a RAW conflict).
         stale_reads: the latest admitted stale reads (at most about 2 x RECENT_STALE_READS, so a long run's memory
             stays flat), also those of a read later re-run (``kept`` False).
         stale: every admitted stale read, counted (:class:`StaleTally`).
@@ -82,6 +86,8 @@ class RuntimeCounters:
     reruns: int = 0
     reordered: int = 0
     ran_ahead: int = 0
+    read_behind: int = 0
+    behind_conflicts: int = 0
     stale_reads: list[StaleRead] = field(default_factory=list)
     stale: StaleTally = field(default_factory=StaleTally)
     publications: int = 0

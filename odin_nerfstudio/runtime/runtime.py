@@ -223,6 +223,14 @@ class OdinRuntime:
         self.meter.waiting(tasks[0].worker, first_wait)
         return first_wait
 
+    @bookkeeping
+    def conflicted_with_step_before(self, read: Read) -> bool:
+        """Whether ``read``'s C(t) holds a row the publication of the step before its task's wrote: read before
+        that publication, it would have waited for it (asked by the driver's reading behind, ``step_loop.py``)."""
+        written = self.tables.published_step.index_select(0, read.candidate)
+        # a host synchronization on CUDA, needed: the driver decides on it how the next step reads
+        return bool((written == read.task.step - 1).any())
+
     def finish(self, read: Read) -> None:
         """Render an admitted task with ``render_fn``, back-propagate, and run :meth:`after_backward`."""
         self.after_backward(read, self._render_and_backward(read, between=self.progress))
@@ -349,12 +357,15 @@ class OdinRuntime:
 
     def _asked_rows(self, step: int, worker: int) -> Tensor | None:
         """The rows ``worker``'s exchange of ``step`` asks for first: the candidate sets, on the current state, of
-        its upcoming tasks of step + 1 that have not read yet (None without priority publication)."""
+        its upcoming tasks of step + 1 that have not read yet (None without priority publication, or without such a
+        task: then only the other workers' asks make a first part)."""
         if not self._publishes_first:
             return None
         for earlier in [s for s in self._upcoming if s <= step]:
             del self._upcoming[earlier]
         tasks = [t for t in self._upcoming.get(step + 1, []) if t.worker == worker and t.key not in self.log.tasks]
+        if not tasks:
+            return None
         return union_sorted([self.index.candidates(task) for task in tasks], self.device)
 
     @bookkeeping

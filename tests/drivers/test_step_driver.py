@@ -22,7 +22,7 @@ from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import selective_adams
-from odin_nerfstudio.drivers.step_loop import Ahead, run_step, settle
+from odin_nerfstudio.drivers.step_loop import Ahead, ConflictStreak, run_step, settle
 from odin_nerfstudio.comm.link import LinkModel, linked_distributed
 from odin_nerfstudio.comm.transport import DistributedTransport, close_transports
 from odin_nerfstudio.drivers.virtual import run_virtual
@@ -126,10 +126,23 @@ class LinkedRun:
     link: LinkModel = LINK
     lr_scale: float = LR_SCALE
     gain: bool = False
+    read_behind_after: int = 0
+    focal_scale: float = SCHEDULE["focal_scale"]
 
     def batch_gain(self) -> AdaptiveGain | None:
         """The runtime's gain: the adaptive rule's for a step of 2 views, or none."""
         return AdaptiveGain(2) if self.gain else None
+
+    def schedule(self) -> list:
+        """The toy schedule, its cameras' focal scale this run's (wider views share more rows)."""
+        return make_schedule(**{**SCHEDULE, "focal_scale": self.focal_scale})
+
+    def barrier(self) -> OdinRuntime:
+        """The barrier's run of the same schedule, learning rates and batch rule, in one process."""
+        config, gain = OdinRuntimeConfig(mode="barrier"), self.batch_gain()
+        runtime = make_runtime(config, make_params(), lr_scale=self.lr_scale, topology=Topology(2), batch_gain=gain)
+        run_virtual(runtime, self.schedule())
+        return runtime
 
 
 def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> None:
@@ -149,15 +162,16 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> Non
             slow_render if rank == 1 else render,
             batch_gain=run.batch_gain(),
         )
-        most_in_flight, schedule, ahead = 0, make_schedule(**SCHEDULE), None
+        most_in_flight, schedule, ahead = 0, run.schedule(), None
+        streak = ConflictStreak(run.read_behind_after)
         local = [[[dataclasses.replace(task, worker=0) for task in per_worker[rank]]] for per_worker in schedule]
         for step, per_worker in enumerate(schedule):
             runtime.expect(per_worker[1 - rank])
             started = ahead.started if ahead is not None else set()
             ahead = Ahead(step + 1, local[step + 1]) if run_ahead and step + 1 < len(schedule) else None
-            if priority and step + 1 < len(schedule):
+            if priority and step + 1 < len(schedule) and not streak.reads_behind():
                 runtime.upcoming(local[step + 1][0])
-            run_step(runtime, step, local[step], ahead=ahead, started=started)
+            run_step(runtime, step, local[step], ahead=ahead, started=started, streak=streak)
             most_in_flight = max(most_in_flight, len(transport.inner.in_flight()))
         settle(runtime)
         marks = {f"{key[0]}": record.read_mark for key, record in runtime.final_reads.items()}
@@ -171,6 +185,9 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> Non
             "first_publications": counters.first_publications,
             "early_reads": counters.early_reads,
             "early_commits": counters.early_commits,
+            "read_behind": counters.read_behind,
+            "behind_conflicts": counters.behind_conflicts,
+            "behind_waits": sum(1 for e in runtime.timeline.events if e.args.get("reason") == "behind"),
             "exchanges": [
                 (e.step, e.start_ns, e.end_ns) for e in runtime.timeline.events if e.name == "comm" and e.worker == 0
             ],
@@ -196,10 +213,9 @@ def train_linked(tmp_path: Path, run: LinkedRun) -> list[dict]:
 def test_quality_behind_a_link_overlaps_steps_and_still_equals_barrier(tmp_path: Path) -> None:
     """Behind an emulated link the fast rank reads step s + 1 while step s is unpublished (its read mark lags by
     more than one step), and the run still ends at the barrier's model bit for bit."""
-    records = train_linked(tmp_path, LinkedRun("quality"))
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
-    run_virtual(barrier, make_schedule(**SCHEDULE))
-    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    run = LinkedRun("quality")
+    records = train_linked(tmp_path, run)
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(run.barrier()))
     overlapped = [step for r in records for step, mark in r["marks"].items() if mark < int(step) - 1]
     assert overlapped, "no rank read a step while the one before it was unpublished"
 
@@ -215,10 +231,9 @@ def test_running_ahead_renders_the_next_step_first_and_still_equals_barrier(tmp_
     """Behind the link, with the next step's task offered (``Ahead``), the fast rank renders a task of step s + 1
     before its own task of step s whenever that one waits; its gradients are exchanged in step order, validated
     once step s is published, so the run still ends at the barrier's model bit for bit."""
-    records = train_linked(tmp_path, LinkedRun("quality", run_ahead=True))
-    barrier = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(2))
-    run_virtual(barrier, make_schedule(**SCHEDULE))
-    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    run = LinkedRun("quality", run_ahead=True)
+    records = train_linked(tmp_path, run)
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(run.barrier()))
     assert sum(r["ran_ahead"] for r in records) > 0, "no rank ran ahead"
     out_of_order = [r for r in records if r["read_order"][0] != sorted(r["read_order"][0])]
     assert out_of_order, "running ahead must render a later step before an earlier one"
@@ -231,9 +246,7 @@ def test_priority_publication_lets_a_waiting_read_go_before_the_rest_of_its_step
     gain included (both parts of a step publish at the gain of the steps before it, on each rank alike)."""
     run = LinkedRun("quality", priority=True, link=NARROW_LINK, gain=True)
     records = train_linked(tmp_path, run)
-    config, gain = OdinRuntimeConfig(mode="barrier"), run.batch_gain()
-    barrier = make_runtime(config, make_params(), lr_scale=LR_SCALE, topology=Topology(2), batch_gain=gain)
-    run_virtual(barrier, make_schedule(**SCHEDULE))
+    barrier = run.barrier()
     assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
     gains = [optimizer.param_groups[0]["lr_gain"] for optimizer in barrier.optimizers.values()]
     assert records[0]["gains"] == records[1]["gains"] == gains and any(gain != 1.0 for gain in gains), gains
@@ -247,13 +260,9 @@ def test_quality_commits_a_step_while_the_rest_of_the_one_before_crosses_the_lin
     than Adam can move them, at the step's gain): two of its exchanges are then in flight at once, and the run still
     ends at the barrier's model bit for bit, the adaptive batch rule's gain included. (Small learning rates: Adam's
     bound on a step is about 30 x lr.)"""
-    lr_scale = 0.05
-    run = LinkedRun("quality", priority=True, link=NARROW_LINK, lr_scale=lr_scale, gain=True)
+    run = LinkedRun("quality", priority=True, link=NARROW_LINK, lr_scale=0.05, gain=True)
     records = train_linked(tmp_path, run)
-    config, gain = OdinRuntimeConfig(mode="barrier"), run.batch_gain()
-    barrier = make_runtime(config, make_params(), lr_scale=lr_scale, topology=Topology(2), batch_gain=gain)
-    run_virtual(barrier, make_schedule(**SCHEDULE))
-    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(barrier))
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(run.barrier()))
     assert sum(r["early_commits"] for r in records) > 0, "no step was committed before the one before was published"
     overlapping = [
         (s, t)
@@ -262,3 +271,30 @@ def test_quality_commits_a_step_while_the_rest_of_the_one_before_crosses_the_lin
         if t == s + 1 and start_t < end_s
     ]
     assert overlapping, "no rank had step s + 1's exchange in flight beside step s's"
+
+
+def test_a_streak_of_conflicts_reads_behind_until_a_read_would_not_have_waited() -> None:
+    """The driver's rule: after ``after`` conflicting steps the next ones read behind; a step without a conflict
+    ends the streak; 0 never reads behind."""
+    streak = ConflictStreak(after=2)
+    for conflicted, behind in [(True, False), (True, True), (True, True), (False, False), (True, False)]:
+        streak.saw(conflicted)
+        assert streak.reads_behind() is behind
+    never = ConflictStreak(after=0)
+    for _ in range(5):
+        never.saw(True)
+    assert not never.reads_behind()
+
+
+def test_a_dense_scene_reads_behind_the_step_before_and_still_equals_barrier(tmp_path: Path) -> None:
+    """Wide views (every task conflicts with the step before), the slow rank 1 behind the link: after two
+    conflicting steps both ranks read behind (wait for the step before without culling first; those waits are on
+    the timeline), each such read finds the conflict it would have waited on, and the run still ends at the
+    barrier's model bit for bit."""
+    run = LinkedRun("quality", priority=True, read_behind_after=2, focal_scale=0.75)
+    records = train_linked(tmp_path, run)
+    assert_identical(torch.load(tmp_path / "snapshot0.pt"), snapshot(run.barrier()))
+    for rank, record in enumerate(records):
+        assert record["read_behind"] > 0, f"rank {rank} never read behind"
+        assert record["behind_waits"] > 0, f"rank {rank}'s waits behind are not on its timeline"
+        assert record["behind_conflicts"] > 0, f"rank {rank}'s reads behind met no conflict"
