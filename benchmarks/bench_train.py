@@ -282,6 +282,12 @@ def early(run: ModeRun) -> str:
     return "; ".join(str(sum(c.get(name, 0) for c in run.counters)) for name in names)
 
 
+def behind(run: ModeRun) -> str:
+    """Steps read behind (waiting for the step before without trying first) over the ranks, and how many of their
+    reads would have met a conflict."""
+    return f"{sum(c['read_behind'] for c in run.counters)}; {sum(c['behind_conflicts'] for c in run.counters)}"
+
+
 def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]]:
     """The table's rows for one variant (``barrier``: the barrier's runs on the same interconnect, round by round,
     for the ratios and the hidden wait)."""
@@ -319,6 +325,7 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
             f"{stale.admitted}, {stale.kept}; {stale.max_staleness} ({mean_staleness:.1f})",
         ),
         ("tasks run ahead (next step's, while this one waited)", str(sum(c["ran_ahead"] for c in run.counters))),
+        ("steps read behind (after a streak of conflicts), those that met one", behind(run)),
         ("priority publication: steps published in two parts; reads of a first part; steps committed early", early(run)),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),
