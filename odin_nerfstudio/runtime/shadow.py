@@ -238,7 +238,6 @@ class ShadowGraph:
         self.slots[step % self.ring_slots] = None
         return slot
 
-
     def memory_report(self, params: dict[str, Tensor]) -> dict[str, int]:
         """Peak and current bytes of gathered plus staged tensors, the peak's make-up (``peak_{kind}_bytes`` for
         kind in :data:`MEMORY_KINDS`: they sum to the peak), and the bytes of the model ``params``."""
