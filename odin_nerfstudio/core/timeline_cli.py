@@ -4,9 +4,10 @@ Why: the Chrome trace (``odin_timeline.json``, ``odin_timeline_rank<r>.json``) o
 report or an issue should show at a glance where each rank computed and where it waited, and why. One lane per
 worker of each rank: render (blue), backward (orange), wait coloured by its reason (raw conflict red, read behind
 pink, barrier grey, ring purple, other brown); under it a thin lane of the rank's exchanges in flight (comm,
-green, from its start to its publication) and its publications (black). Time runs from the run's first event; the ranks of one host share its
-monotonic clock, so their lanes line up (traces from several hosts are offset by their clocks). Above: views/s, the
-share of the wait-free bound, and per rank the idle and exposed wait shares (``timeline_metrics``).
+green, from its start to its publication) and its publications (black). Time runs from the run's first event;
+the ranks of one host share its monotonic clock, so their lanes line up (traces from several hosts are offset by
+their clocks). Above: views/s, the share of the wait-free bound, and per rank the idle and exposed wait shares
+(``timeline_metrics``).
 
 Usage: ``odin-timeline <run folder or trace json> [--output timeline.png] [--start S] [--end S]``.
 """

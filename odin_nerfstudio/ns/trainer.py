@@ -330,6 +330,7 @@ class OdinTrainer(Trainer):
             "odin/published_step": float(self.runtime.published_through),
             "odin/waits": float(sum(counters.waits.values())),
             "odin/reruns": float(counters.reruns),
+            "odin/read_behind": float(counters.read_behind),
             "odin/stale_reads": float(len(counters.stale_reads)),
             "odin/bookkeeping_ms_per_task": counters.bookkeeping_ns / 1e6 / max(counters.tasks, 1),
             "odin/comm_ms_per_task": counters.comm_ns / 1e6 / max(counters.tasks, 1),
