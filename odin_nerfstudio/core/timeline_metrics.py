@@ -64,7 +64,7 @@ class StaleReadSummary:
     @classmethod
     def of_counters(cls, counters: Mapping[str, Any] | Any) -> StaleReadSummary:
         """From a runtime's counters (or their JSON dict): their tally of every stale read, else their records."""
-        tally = counters.get("stale") if isinstance(counters, Mapping) else getattr(counters, "stale", None)
+        tally = _field(counters, "stale", None)
         if tally is None:
             return cls.of(_field(counters, "stale_reads"))
         return cls(*(_field(tally, name) for name in ("admitted", "kept", "staleness_sum", "max_staleness")))
@@ -81,13 +81,14 @@ class StaleReadSummary:
         )
 
 
-def _field(record: Any, name: str) -> Any:
-    """``record[name]`` of a dict or ``record.name`` of an object."""
-    return record[name] if isinstance(record, Mapping) else getattr(record, name)
+_REQUIRED = object()
 
 
-def _field_or(record: Any, name: str, default: Any) -> Any:
-    """:func:`_field`, or ``default`` where the record has no such field (counters written before it existed)."""
+def _field(record: Any, name: str, default: Any = _REQUIRED) -> Any:
+    """``record[name]`` of a dict or ``record.name`` of an object; ``default`` where it has no such field, if given
+    (counters written before the field existed)."""
+    if default is _REQUIRED:
+        return record[name] if isinstance(record, Mapping) else getattr(record, name)
     return record.get(name, default) if isinstance(record, Mapping) else getattr(record, name, default)
 
 
@@ -288,7 +289,7 @@ class TimelineMeter:
         failures = {} if counters is None else _field(counters, "validation_failures")
         conflicts = self._waits.get("raw", 0) + stale.admitted + sum(failures.get(k, 0) for k in CONFLICT_FAILURES)
         if counters is not None:
-            conflicts += _field_or(counters, "behind_conflicts", 0)
+            conflicts += _field(counters, "behind_conflicts", 0)
         return RankMetrics(
             rank=self.rank,
             views=len(self._tasks),

@@ -164,7 +164,8 @@ def run_step(
         plan_short_step(runtime, ahead.step, ahead.tasks)
     workers = [Worker(w, step, [t for t in tasks if t.key not in started]) for w, tasks in enumerate(step_tasks)]
     workers = [me for me in workers if me.remaining]
-    behind = streak is not None and bool(workers) and streak.reads_behind()
+    first_round = streak is not None and bool(workers)  # this step's first reads are added to the streak
+    behind = first_round and streak.reads_behind()
     if behind:
         runtime.counters.read_behind += 1
         await_published(runtime, max(read_after, step - 1), "behind", [me.worker for me in workers])
@@ -175,7 +176,6 @@ def run_step(
         waits = {me.worker: (me.last_wait.reason, me.last_wait.step) for me in workers if me.remaining}
         return f"step {step}: no local worker can read and no publication is pending: {waits}"
 
-    first_round = streak is not None and bool(workers)
     while any(me.remaining for me in workers):
         published, progressed = runtime.published_through, False
         for me in workers:
