@@ -28,10 +28,11 @@ the barrier run on the same scene and interconnect), conflicting tasks and re-ru
 staleness. ``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
 
 Noise: this machine's speed drifts by 10% and more between runs a minute apart, so ``--repeats R`` runs every
-variant R times, in rounds (each round runs every variant once, one after the other). A column shows the median of
-the R values of views/s, bound share and exposed wait; a ratio to the barrier (views/s, hidden wait) is taken
-within a round, between runs made minutes apart, and its median over the rounds is shown with every round's value.
-The other rows come from the variant's median run (by views/s).
+variant R times, in rounds (each round runs every variant once, one after the other; odd rounds run them in the
+reverse order, so that a steady drift of the machine's speed favours no variant over an even number of rounds). A
+column shows the median of the R values of views/s, bound share and exposed wait; a ratio to the barrier (views/s,
+hidden wait) is taken within a round, between runs made minutes apart, and its median over the rounds is shown
+with every round's value. The other rows come from the variant's median run (by views/s).
 
 Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--repeats 3] [--quick]``;
 ``--quick`` runs a small scene for a few steps once (for tests) and never writes BENCHMARKS.md. Otherwise the figures
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         for scene, modes in plans:
             for link in args.interconnect:
                 for round_ in range(args.repeats):
-                    for mode in modes:
+                    for mode in modes if round_ % 2 == 0 else modes[::-1]:
                         try:
                             runs.append(train_mode(args, scene, folder, mode, link, round_))
                         except RuntimeError as error:  # one failed run is reported, not the end of the benchmark
