@@ -46,10 +46,12 @@ def sources(flavour: str) -> list[Path]:
 
 
 def library_name(flavour: str) -> str:
-    """The extension's name: flavour, torch and Python versions, and a digest of every file in ``cuda/csrc``
-    (torch's JIT only hashes the listed sources, so an edited header alone would reuse a stale build)."""
+    """The extension's name: flavour, torch and Python versions, and a digest of every file in ``cuda/csrc`` and of
+    its path (torch's JIT only hashes the listed sources, so an edited header alone would reuse a stale build; and
+    its ninja file names the sources by path, so two checkouts sharing one build folder would rebuild it in turn,
+    a minute each time a process of the other one starts)."""
     torch_version = torch.__version__.split("+")[0].replace(".", "_")
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(str(CSRC).encode())
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     python = f"{sys.version_info.major}{sys.version_info.minor}"
