@@ -6,6 +6,7 @@ is not done before its modeled delivery and is done after."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -112,6 +113,41 @@ def test_store_board_reads_every_rank_and_deletes_its_keys() -> None:
     boards[1].post(9, 1, 0.25, 4.0)
     assert [board.posts(9, rank) for rank, board in enumerate(boards)] == [[(1.5, 2.5), (0.25, 4.0)]] * 2
     assert not any(store.check([key]) for key in ("odin/link/9/0", "odin/link/9/1", "odin/link/9/read"))
+
+
+class ThreadRecordingStore:
+    """A HashStore that records the names of the threads that call it."""
+
+    def __init__(self) -> None:
+        self.inner = dist.HashStore()
+        self.threads: set[str] = set()
+
+    def __getattr__(self, name: str):
+        method = getattr(self.inner, name)
+
+        def call(*args, **kwargs):
+            self.threads.add(threading.current_thread().name)
+            return method(*args, **kwargs)
+
+        return call
+
+
+def test_store_board_talks_to_the_store_in_its_own_thread_and_is_ready_once_every_rank_posted() -> None:
+    store = ThreadRecordingStore()
+    boards = [StoreBoard(2, store) for _ in range(2)]
+    boards[0].post(9, 0, 1.5, 2.5)
+    time.sleep(0.2)
+    assert not boards[0].ready(9), "rank 1 has not posted step 9"
+    with pytest.raises(TimeoutError, match="arrivals of step 9"):
+        boards[0].posts(9, 0, timeout=0.05)
+    boards[1].post(9, 1, 0.25, 4.0)
+    assert boards[1].posts(9, 1, timeout=10.0) == [(1.5, 2.5), (0.25, 4.0)]
+    deadline = time.monotonic() + 10.0
+    while not boards[0].ready(9) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert boards[0].ready(9)
+    assert boards[0].posts(9, 0, timeout=0.0) == [(1.5, 2.5), (0.25, 4.0)]
+    assert store.threads == {"odin-link-board"}, f"the store was called from {store.threads}"
 
 
 def test_presets_and_none() -> None:
