@@ -24,7 +24,7 @@ and the clock has passed the latest one; ``wait`` sleeps only for what remains o
 at the start or in ``done``, so the delay runs while the worker computes, as on a real link, and a worker that polls
 late finds the exchange delivered. The store's round trips (a post, a read of every rank's, the last reader's
 deletes: 4-7 ms per step on this loaded 2-core machine, measured) run in the board's own thread, not the worker's:
-they stand for nothing a real link does, and on the worker's thread they lay on its critical path whenever it
+they stand for nothing a real link does, and on the worker's thread they sat on its critical path whenever it
 polled between two tasks.
 
 Clock: ``time.time`` by default, one clock for every process of a machine (and, NTP-synchronized, roughly of a
