@@ -374,7 +374,8 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             f"{args.street_length:.0f} m, {args.gaussians:,} procedural Gaussians, {args.points:,} offered as SfM "
             "points; the dense scene, odin-synth's object preset (24 views around a torus and a ball). Every 8th view "
             f"held out. {args.iterations} schedule steps per run through `torchrun ... odin-train odin-splat`, then "
-            "`ns-eval`. Variants: " + ", ".join(f"`{name}` ({' '.join(flags)})" for name, flags in VARIANTS.items())
+            "`ns-eval`. Variants: "
+            + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them."
         ),
     ]

@@ -176,7 +176,7 @@ class LocalBoard:
 
 class StoreBoard:
     """An :class:`ArrivalBoard` on a torch.distributed key-value store (default: the process group's own), one per
-    rank (its ``worker``).
+    rank.
 
     Each rank sets ``link/<step>/<rank>``; the last rank to read a step (an atomic counter) deletes its keys. The
     store is a side channel: it never issues a collective, so the ranks' collectives keep their order. Its round trips
@@ -286,7 +286,7 @@ class LinkedHandle:
         return max(sent + link.delay_s(n) for (sent, _), n in zip(self._board(), first.sent_bytes, strict=True))
 
     def done(self) -> bool:
-        """Never blocks: the real exchange is done and the clock has passed the modeled delivery."""
+        """Never blocks: the real exchange is done, every worker's arrival read and the clock past the latest."""
         if not self.inner.done() or not self._posted():
             return False
         return self._transport.clock() >= self.delivery_s()
