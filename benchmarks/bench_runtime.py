@@ -435,7 +435,7 @@ def _run_mode(scene: Scene, mode: str, args: argparse.Namespace, escapes: bool, 
     """:func:`run_mode` with the backend chosen."""
     params = {name: torch.nn.Parameter(value.clone()) for name, value in scene.start.items()}
     config = OdinRuntimeConfig(mode=mode, spatial_order=scene.variant.spatial_order)
-    transport = VirtualTransport(args.workers, params)
+    transport = VirtualTransport(args.workers, params, ops.scatter_in_order)
     sizes = TaskSizes()
     runtime = OdinRuntime(
         config,

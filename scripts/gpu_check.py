@@ -106,7 +106,7 @@ def train(mode: str, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
     """A fresh model trained ``args.steps`` steps in ``mode``; returns the runtime and the seconds per step."""
     params = make_params(args.gaussians, args.device)
     config = OdinRuntimeConfig(mode=mode)
-    transport = VirtualTransport(WORKERS, params)
+    transport = VirtualTransport(WORKERS, params, ops.scatter_in_order)
     runtime = OdinRuntime(
         config,
         params,

@@ -79,7 +79,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
-from odin_nerfstudio.core.sparse import SparseUpdate, joined, restricted, sum_in_order, tensor_bytes
+from odin_nerfstudio.core.sparse import Merge, SparseUpdate, joined, restricted, sum_in_order, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -183,8 +183,9 @@ class Transport(Protocol):
 class _Exchange:
     """The contributions of one step gathered in process, merged once all workers have sent."""
 
-    def __init__(self, step: int, num_workers: int, condition: threading.Condition) -> None:
+    def __init__(self, step: int, num_workers: int, condition: threading.Condition, merge: Merge) -> None:
         self.step = step
+        self._merge = merge
         self.contributions: list[SparseUpdate | None] = [None] * num_workers
         self.asked: list[Tensor | None] = [None] * num_workers
         self.merged: SparseUpdate | None = None
@@ -202,7 +203,7 @@ class _Exchange:
         self.contributions[worker] = update
         self.asked[worker] = first
         if not self.missing():
-            self.merged = sum_in_order(self.contributions, template)
+            self.merged = self._merge(self.contributions, template)
             if any(a is not None for a in self.asked):
                 self.first = self._first_part(template)
             self._condition.notify_all()
@@ -264,11 +265,13 @@ class VirtualTransport:
     Args:
         num_workers: W.
         template: per parameter name, a tensor [N, ...] giving the gradient rows' trailing shape and dtype.
+        merge: the sum of the W parts in worker order (``sum_in_order`` or an op equal to it bit for bit).
     """
 
-    def __init__(self, num_workers: int, template: dict[str, Tensor]) -> None:
+    def __init__(self, num_workers: int, template: dict[str, Tensor], merge: Merge = sum_in_order) -> None:
         self.num_workers = num_workers
         self.template = template
+        self.merge = merge
         self._condition = threading.Condition()
         self._exchanges: dict[int, _Exchange] = {}
 
@@ -280,7 +283,7 @@ class VirtualTransport:
         """Add ``worker``'s update (and the rows it asks for first) to the exchange of ``step``; its handle
         completes when all W have."""
         with self._condition:
-            exchange = self._exchanges.setdefault(step, _Exchange(step, self.num_workers, self._condition))
+            exchange = self._exchanges.setdefault(step, _Exchange(step, self.num_workers, self._condition, self.merge))
             exchange.contribute(worker, update, self.template, first)
             if exchange.merged is not None:
                 del self._exchanges[step]
@@ -630,6 +633,8 @@ class DistributedTransport:
         stats_schema: per statistic name, its dtype (the render adapter's ``stats_schema``); None if the tasks
             carry no statistics.
         choice: "auto" (per step, the fewest predicted bytes) or a forced "sparse", "union", "dense".
+        merge: the sum of the ranks' gathered parts in rank order (``sum_in_order`` or an op equal to it bit for
+            bit).
     """
 
     def __init__(
@@ -639,6 +644,7 @@ class DistributedTransport:
         group: Any = None,
         stats_schema: dict[str, torch.dtype] | None = None,
         choice: ExchangeChoice = "auto",
+        merge: Merge = sum_in_order,
     ) -> None:
         dtypes = {ref.dtype for ref in template.values()}
         if len(dtypes) != 1:
@@ -652,6 +658,7 @@ class DistributedTransport:
         self.rank = dist.get_rank(group)
         self.stats_layout = StatsLayout.of(stats_schema)
         self.choice = choice
+        self.merge = merge
         self.shape = _Shape(
             self.world_size,
             sum(math.prod(ref.shape[1:]) for ref in template.values()),
@@ -832,7 +839,7 @@ class DistributedTransport:
                 _unpack(r[mask], gathered[rank][:count], self.template)
                 for rank, (r, mask, count) in enumerate(zip(rank_rows, masks, counts, strict=True))
             ]
-            update = sum_in_order(parts, self.template)
+            update = self.merge(parts, self.template)
         else:
             update = _unpack(first, packed[:0], self.template)
         sent = first_bytes(rank_rows, [8 * size.asked for size in sizes], counts, self.template)
@@ -872,7 +879,7 @@ class DistributedTransport:
         gathered, work = self._all_gather(_padded(packed, longest), issued)
         self._wait(work, handle, "gradient rows")
         updates = [_unpack(r, gathered[rank][: r.numel()], self.template) for rank, r in enumerate(rank_rows)]
-        return dataclasses.replace(sum_in_order(updates, self.template), stats=stats)
+        return dataclasses.replace(self.merge(updates, self.template), stats=stats)
 
     def _union(
         self,

@@ -9,7 +9,7 @@ that every replica accumulates them with the same per-task operations as the run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -131,6 +131,11 @@ def sum_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -
         grads[name] = total
     stats = tuple(s for update in updates for s in update.stats)
     return SparseUpdate(rows=rows, grads=grads, stats=stats, sq_norms=summed_sq_norms(updates))
+
+
+Merge = Callable[[Sequence[SparseUpdate], dict[str, Tensor]], SparseUpdate]
+"""A transport's sum of a step's parts: ``sum_in_order`` or an op equal to it bit for bit (the compiled
+``kernels.ops.scatter_in_order``, which a layer above hands the transports: ``comm/`` does not import ``kernels/``)."""
 
 
 def _same_rows(rows: Tensor, union: Tensor) -> bool:

@@ -29,6 +29,7 @@ from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.core.tasks import Task, TaskKey, step_tasks
 from odin_nerfstudio.comm.transport import Transport, VirtualTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
+from odin_nerfstudio.kernels import ops
 
 GAUSSIAN_PARAMS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -159,7 +160,7 @@ def build_runtime(
     params = model.gauss_params
     topology = topology if topology is not None else Topology()
     if transports is None:
-        virtual = VirtualTransport(topology.num_workers, params)
+        virtual = VirtualTransport(topology.num_workers, params, ops.scatter_in_order)
         transports = [virtual.endpoint(w) for w in range(topology.num_workers)]
     missing = [name for name in GAUSSIAN_PARAMS if not isinstance(optimizers.get(name), SelectiveAdam)]
     if missing:

@@ -211,13 +211,18 @@ class OdinTrainer(Trainer):
         from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
         from odin_nerfstudio.comm.link import link_preset, linked_distributed, linked_virtual
         from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
+        from odin_nerfstudio.kernels.ops import scatter_in_order
 
         link = link_preset(self.config.interconnect)
         params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
         if self.world_size == 1:
-            return None if link is None else linked_virtual(VirtualTransport(len(self.local_workers), params), link)
+            if link is None:
+                return None
+            return linked_virtual(VirtualTransport(len(self.local_workers), params, scatter_in_order), link)
         timeout = self.config.runtime.wait_timeout_s
-        transport = DistributedTransport(params, timeout=timeout, stats_schema=STATS_SCHEMA, choice=self.config.exchange)
+        transport = DistributedTransport(
+            params, timeout, stats_schema=STATS_SCHEMA, choice=self.config.exchange, merge=scatter_in_order
+        )
         return [transport if link is None else linked_distributed(transport, link)]
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:

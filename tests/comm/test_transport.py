@@ -29,6 +29,7 @@ from odin_nerfstudio.drivers.step_loop import run_step, settle
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.comm.transport import DistributedTransport, Transport, VirtualTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
+from odin_nerfstudio.kernels import ops
 from tests.runtime.test_runtime import epoch_schedule
 from tests.toy_scene import (
     LRS,
@@ -101,12 +102,30 @@ def test_virtual_transport_merges_in_worker_order_and_times_out_by_name() -> Non
         assert_same(handle.wait(timeout=0.01), expected)
 
 
+def test_virtual_transport_merges_with_the_compiled_scatter_bit_for_bit_as_sum_in_order() -> None:
+    """The trainers hand the transports ``ops.scatter_in_order`` (the C++ op where built): same bits as the
+    reference sum, and the transport calls it once per step."""
+    calls = []
+
+    def merge(updates, template):
+        calls.append(len(updates))
+        return ops.scatter_in_order(updates, template)
+
+    transport = VirtualTransport(3, template(), merge)
+    for step in range(STEPS):
+        handles = [transport.endpoint(w).start_exchange(step, local_update(step, w)) for w in range(3)]
+        expected = sum_in_order([local_update(step, w) for w in range(3)], template())
+        for handle in handles:
+            assert_same(handle.wait(timeout=0.01), expected)
+    assert calls == [3] * STEPS
+
+
 def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     """One gloo rank: exchange STEPS updates, then rank 0 starts an exchange rank 1 never joins and waits 1 s."""
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-        transport = DistributedTransport(template(), timeout=30.0, stats_schema=STATS_SCHEMA)
+        transport = DistributedTransport(template(), 30.0, stats_schema=STATS_SCHEMA, merge=ops.scatter_in_order)
         handles = [transport.start_exchange(step, local_update(step, rank)) for step in range(STEPS)]
         merged = [handle.wait(timeout=30.0) for handle in handles]
         saved = [(m.rows, m.grads, list(m.stats), m.sq_norms) for m in merged]
