@@ -786,12 +786,12 @@ def backend_findings(headline: list[ModeResult]) -> list[str]:
     tasks = max(counters.tasks, 1)
     return [
         (
-            "- The backends differ only in the four ops (cull + RAW check, gather, a worker's staged sum, selective "
-            "Adam with the version bump); the rest of the bookkeeping is the same code: staging A(t) and its gradient "
-            "rows, validation, the culling index's refresh after a publication, the metering, and the in-process "
-            f"merge of the W workers' parts ({counters.comm_ns / 1e6 / tasks:.1f} ms per task in the compiled quality "
-            "run: `comm/transport.py`'s `sum_in_order`, not a kernel op, since `comm/` sits beside `kernels/` in the "
-            "layers). That shared part bounds how far the compiled backend's ratio can fall."
+            "- The backends differ only in the four ops (cull + RAW check, gather, the staged sums: a worker's and, "
+            "handed to the transport, the in-process merge of the W workers' parts, "
+            f"{counters.comm_ns / 1e6 / tasks:.1f} ms per task in the compiled quality run; selective Adam with the "
+            "version bump); the rest of the bookkeeping is the same code: staging A(t) and its gradient rows, "
+            "validation, the culling index's refresh after a publication, the metering and the runtime's own loop. "
+            "That shared part bounds how far the compiled backend's ratio can fall."
         )
     ]
 
