@@ -29,8 +29,8 @@ squared norms of each task's gradient in task and worker order, they travel with
 gradient gives the numerator), averaged over the views Adam's first moment remembers, clamped to [1, bsz], and taken
 from the steps already wholly published (a step published in two parts, priority publication's, uses one gain).
 ``core/batch_gain.py`` says why each choice; betas ** bsz, eps and the schedules counted in views are Grendel's.
-On fern (12 seeds per side, BENCHMARKS.md) the median of 4 workers under it ends 0.02 dB below one worker's (90%
-interval -0.36 to +0.25 dB; Grendel's rule: 2.38 dB below on 3 seeds, BENCHMARKS.md at a24cf35); the gains it
+On fern (24 seeds per side, BENCHMARKS.md) the median of 4 workers under it ends 0.10 dB above one worker's (90%
+interval -0.10 to +0.28 dB; Grendel's rule: 2.38 dB below on 3 seeds, BENCHMARKS.md at a24cf35); the gains it
 measured on the steps' views were 1.16 to 1.8 at the end (r above the random view sets' 1: a schedule step's views
 are not a random draw).
 
