@@ -33,7 +33,9 @@ Backends. Every headline mode runs once per bookkeeping backend (``--backends``)
 reference (``ops.use_reference()``), on the same scene in the same process; the sweep runs the first backend
 only. Both must end bit-identical. A second table reads bookkeeping per task per backend side by side, on the
 street and on fern (``--fern``: the shared COLMAP scene trained by odin-splat with its defaults, ``--fern-steps``
-schedule steps of its W virtual workers, escape checks and densification as configured; 0 skips it). Targets:
+schedule steps of its W virtual workers, escape checks and densification as configured; 0 skips it), each figure
+the median of ``--backend-rounds`` rounds of every (backend, mode) run, odd rounds in the reverse order (a single
+run of a few seconds per backend moved the street's ratio by 10 points from one run to the next). Targets:
 the compiled backend's bookkeeping at most half the reference's on the street, and at most 3% of render +
 backward on fern.
 
@@ -246,6 +248,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         choices=BACKENDS,
         help="bookkeeping backends of the headline run (default: both, or the reference where the ops are not built)",
+    )
+    parser.add_argument(
+        "--backend-rounds",
+        type=int,
+        default=3,
+        help="rounds of every (backend, mode) run the backend table takes medians over, odd rounds in reverse order",
     )
     parser.add_argument("--fern", type=Path, default=SHARED_DATA / "fern", help="the fern COLMAP scene")
     parser.add_argument("--fern-steps", type=int, default=20, help="odin-splat schedule steps on fern (0: skip)")
@@ -688,9 +696,9 @@ def hook_ms(runtime: OdinRuntime) -> dict[str, float]:
     }
 
 
-def backend_table(rows: list[tuple[str, str, dict[str, OdinRuntime]]]) -> str:
-    """Bookkeeping per task, reference and compiled side by side, per (scene, mode): the ratio and the compiled
-    backend's bookkeeping over render + backward."""
+def backend_table(rows: list[tuple[str, str, dict[str, list[OdinRuntime]]]]) -> str:
+    """Bookkeeping per task, reference and compiled side by side, per (scene, mode): each figure the median over
+    the backend's rounds, the ratio of those medians and the compiled backend's bookkeeping over render + backward."""
     lines = [
         (
             "| scene | mode | tasks | render + backward per task | bookkeeping per task, reference / compiled "
@@ -700,7 +708,7 @@ def backend_table(rows: list[tuple[str, str, dict[str, OdinRuntime]]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for scene, mode, runtimes in rows:
-        figures = {backend: hook_ms(runtime) for backend, runtime in runtimes.items()}
+        figures = {backend: median_ms([hook_ms(r) for r in rounds]) for backend, rounds in runtimes.items()}
         reference, compiled = figures.get("reference"), figures.get("compiled")
         main = compiled or reference
         ratio = f"{compiled['bookkeeping'] / reference['bookkeeping']:.0%}" if compiled and reference else "-"
@@ -709,14 +717,23 @@ def backend_table(rows: list[tuple[str, str, dict[str, OdinRuntime]]]) -> str:
             " / ".join(f"{figures[b][key]:.2f} ms" if b in figures else "-" for b in BACKENDS[::-1])
             for key in ("bookkeeping", "publish")
         ]
-        tasks = next(iter(runtimes.values())).counters.tasks
+        tasks = next(iter(runtimes.values()))[0].counters.tasks
         cells = [scene, mode, str(tasks), f"{main['render']:.1f} ms", *pairs, ratio, share]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def median_ms(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Per figure of :func:`hook_ms`, its median over rounds of one (scene, mode, backend)."""
+    return {key: float(np.median([figures[key] for figures in rounds])) for key in rounds[0]}
+
+
 def report(
-    args: argparse.Namespace, command: str, runs: list[StreetRun], fern: list[FernResult] | None = None
+    args: argparse.Namespace,
+    command: str,
+    runs: list[StreetRun],
+    fern: list[FernResult] | None = None,
+    rounds: list[tuple[list[ModeResult], list[FernResult]]] = (),
 ) -> str:
     """The markdown section (without markers): the headline run per mode, its reading, then the sweep."""
     scene, results = runs[0].scene, runs[0].results
@@ -752,9 +769,15 @@ def report(
         "",
         *findings(runs[0]),
         "",
-        "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included):",
+        (
+            "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included; each figure "
+            f"the median of {1 + len(rounds)} rounds of every (backend, mode) run, odd rounds in the reverse order, "
+            "so that a drift of the machine's speed favours no backend):"
+            if rounds
+            else "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included):"
+        ),
         "",
-        backend_table(backend_rows(scene, headline, fern)),
+        backend_table(backend_rows(scene, headline, fern, rounds)),
         "",
         *backend_findings(headline),
     ]
@@ -797,13 +820,43 @@ def backend_findings(headline: list[ModeResult]) -> list[str]:
 
 
 def backend_rows(
-    scene: Scene, headline: list[ModeResult], fern: list[FernResult]
-) -> list[tuple[str, str, dict[str, OdinRuntime]]]:
-    """(scene, mode, backend -> runtime) for the backend table: the street's headline modes, then fern's."""
+    scene: Scene,
+    headline: list[ModeResult],
+    fern: list[FernResult],
+    rounds: list[tuple[list[ModeResult], list[FernResult]]] = (),
+) -> list[tuple[str, str, dict[str, list[OdinRuntime]]]]:
+    """(scene, mode, backend -> its runtimes, one per round) for the backend table: the street's headline modes,
+    then fern's; the headline run is the first round."""
+    street_runs = [headline, *(street for street, _ in rounds)]
+    fern_runs = [fern, *(ferns for _, ferns in rounds)]
+
+    def by_backend(results: list[list[ModeResult | FernResult]], mode: str) -> dict[str, list[OdinRuntime]]:
+        table: dict[str, list[OdinRuntime]] = {}
+        for round_ in results:
+            for r in round_:
+                if r.mode == mode:
+                    table.setdefault(r.backend, []).append(r.runtime)
+        return table
+
     street = f"street {scene.variant.label}"
-    rows = [(street, mode, {r.backend: r.runtime for r in headline if r.mode == mode}) for mode in MODES]
-    rows += [("fern", mode, {r.backend: r.runtime for r in fern if r.mode == mode}) for mode in MODES]
+    rows = [(street, mode, by_backend(street_runs, mode)) for mode in MODES]
+    rows += [("fern", mode, by_backend(fern_runs, mode)) for mode in MODES]
     return [row for row in rows if row[2]]
+
+
+def backend_rounds(
+    args: argparse.Namespace, scene: Scene
+) -> list[tuple[list[ModeResult], list[FernResult]]]:
+    """The backend table's rounds after the headline one: every (backend, mode) run again on the street and on
+    fern, odd rounds (the headline's is round 0) in the reverse order."""
+    plan = [(backend, mode) for backend in args.backends for mode in MODES]
+    rounds = []
+    for index in range(1, args.backend_rounds):
+        order = plan[::-1] if index % 2 else plan
+        street = [run_mode(scene, mode, args, backend=backend) for backend, mode in order]
+        ferns = [run_fern(args, mode, backend) for backend, mode in order] if args.fern_steps else []
+        rounds.append((street, ferns))
+    return rounds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -820,7 +873,8 @@ def main(argv: list[str] | None = None) -> None:
             results.append(run_mode(scene, "quality", args, escapes=True, backend=args.backends[0]))
         runs.append(StreetRun(scene, results, culling_ms(scene)))
     fern = [run_fern(args, mode, backend) for backend in args.backends for mode in MODES] if args.fern_steps else []
-    text = report(args, command, runs, fern)
+    rounds = backend_rounds(args, runs[0].scene) if len(args.backends) > 1 else []
+    text = report(args, command, runs, fern, rounds)
     publish(NAME, text, None if args.no_write else args.output)
 
 
