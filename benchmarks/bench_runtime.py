@@ -52,7 +52,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -733,7 +733,7 @@ def report(
     command: str,
     runs: list[StreetRun],
     fern: list[FernResult] | None = None,
-    rounds: list[tuple[list[ModeResult], list[FernResult]]] = (),
+    rounds: Sequence[tuple[list[ModeResult], list[FernResult]]] = (),
 ) -> str:
     """The markdown section (without markers): the headline run per mode, its reading, then the sweep."""
     scene, results = runs[0].scene, runs[0].results
@@ -769,13 +769,14 @@ def report(
         "",
         *findings(runs[0]),
         "",
-        (
-            "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included; each figure "
-            f"the median of {1 + len(rounds)} rounds of every (backend, mode) run, odd rounds in the reverse order, "
-            "so that a drift of the machine's speed favours no backend):"
+        "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included"
+        + (
+            f"; each figure the median of {1 + len(rounds)} rounds of every (backend, mode) run, odd rounds in the "
+            "reverse order, so that a drift of the machine's speed favours no backend"
             if rounds
-            else "Bookkeeping per backend (same scene, same process; ms per rendered task, re-runs included):"
-        ),
+            else ""
+        )
+        + "):",
         "",
         backend_table(backend_rows(scene, headline, fern, rounds)),
         "",
@@ -823,7 +824,7 @@ def backend_rows(
     scene: Scene,
     headline: list[ModeResult],
     fern: list[FernResult],
-    rounds: list[tuple[list[ModeResult], list[FernResult]]] = (),
+    rounds: Sequence[tuple[list[ModeResult], list[FernResult]]] = (),
 ) -> list[tuple[str, str, dict[str, list[OdinRuntime]]]]:
     """(scene, mode, backend -> its runtimes, one per round) for the backend table: the street's headline modes,
     then fern's; the headline run is the first round."""
