@@ -22,6 +22,7 @@ from nerfstudio.models.splatfacto import (
     SplatfactoModelConfig,
     num_sh_bases,
     random_quat_tensor,
+    resize_image,
 )
 from nerfstudio.utils.colors import get_color
 from nerfstudio.utils.comms import is_main_process
@@ -152,11 +153,23 @@ class OdinSplatModel(SplatfactoModel):
             "resolution_schedule": config.resolution_schedule,
         }
 
-    def _get_downscale_factor(self) -> int:
-        """splatfacto's resolution schedule, with `resolution_schedule` counted in views (`batch_scaling`)."""
+    def _get_downscale_factor(self, step: Optional[int] = None) -> int:
+        """splatfacto's resolution schedule at `step` (default: the model's), `resolution_schedule` counted in views
+        (`batch_scaling`)."""
         if not self.training:
             return 1
-        return 2 ** max(self.config.num_downscales - self.step // self.batch.steps(self.config.resolution_schedule), 0)
+        step = self.step if step is None else step
+        return 2 ** max(self.config.num_downscales - step // self.batch.steps(self.config.resolution_schedule), 0)
+
+    def get_gt_img(self, image: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+        """splatfacto's ground truth (float in [0, 1], on the model's device) at the resolution schedule's downscale
+        at `step` (default: the model's; a task passes its own, as its camera is downscaled at it)."""
+        if image.dtype == torch.uint8:
+            image = image.float() / 255.0
+        factor = self._get_downscale_factor(step)
+        if factor > 1:
+            image = resize_image(image, factor)
+        return image.to(self.device)
 
     def _initial_gaussians(self) -> Dict[str, torch.nn.Parameter]:
         """Splatfacto's initialisation: seeds (or a random cube), kNN scales, random rotations, opacity 0.1."""
@@ -264,12 +277,19 @@ class OdinSplatModel(SplatfactoModel):
         return {"rgb": rgb.squeeze(0), "depth": depth, "accumulation": alpha.squeeze(0), "background": background}
 
     def render_gaussians(
-        self, params: Dict[str, torch.Tensor], viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int
+        self,
+        params: Dict[str, torch.Tensor],
+        viewmat: torch.Tensor,
+        K: torch.Tensor,
+        width: int,
+        height: int,
+        step: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, dict]:
         """Rasterize raw (pre-activation) Gaussian parameters for one camera: render [1, H, W, 3|4], alpha [1, H, W, 1].
 
         `params` holds splatfacto's tensors (means, scales, quats, features_dc, features_rest, opacities); Odin's
-        runtime passes task-local gathered rows here, the plain model passes its own parameters.
+        runtime passes task-local gathered rows here, the plain model passes its own parameters. `step` (default:
+        the model's) sets the SH degree: a task passes its own, since tasks of several steps render side by side.
         """
         from odin_nerfstudio.rendering.rasterize import rasterization
 
@@ -278,7 +298,8 @@ class OdinSplatModel(SplatfactoModel):
         colors = torch.cat((params["features_dc"][:, None, :], params["features_rest"]), dim=1)
         if self.config.sh_degree > 0:
             sh_degree: Optional[int] = min(
-                self.step // self.batch.steps(self.config.sh_degree_interval), self.config.sh_degree
+                (self.step if step is None else step) // self.batch.steps(self.config.sh_degree_interval),
+                self.config.sh_degree,
             )
         else:
             colors = torch.sigmoid(colors).squeeze(1)

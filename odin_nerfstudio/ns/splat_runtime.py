@@ -88,11 +88,11 @@ class SplatTaskRenderer:
         model = self.model
         camera = self.render_camera(task)
         render, alpha, info = model.render_gaussians(
-            leaves, camera.viewmat[None], camera.K[None], camera.width, camera.height
+            leaves, camera.viewmat[None], camera.K[None], camera.width, camera.height, step=task.step
         )
         background = self.background(generator)
         rgb = torch.clamp(render[0, ..., :3] + (1 - alpha[0]) * background, 0.0, 1.0)
-        gt = model.composite_with_background(model.get_gt_img(self.images[task.view]), background)
+        gt = model.composite_with_background(model.get_gt_img(self.images[task.view], task.step), background)
         l1 = torch.abs(gt - rgb).mean()
         ssim = model.ssim(gt.permute(2, 0, 1)[None], rgb.permute(2, 0, 1)[None])
         loss = (1 - model.config.ssim_lambda) * l1 + model.config.ssim_lambda * (1 - ssim)
@@ -102,7 +102,7 @@ class SplatTaskRenderer:
     def pop_losses(self, step: int) -> list[Tensor]:
         """The losses of ``step``'s tasks rendered here (a re-run's replaces its first render), in task order; those
         of earlier steps (late re-runs, after their step was logged) are dropped, so the dict stays bounded."""
-        keys = sorted(key for key in self.losses if key[0] == step)
+        keys = sorted(key for key in list(self.losses) if key[0] == step)  # lanes may add a key meanwhile
         losses = [self.losses.pop(key) for key in keys]
         for key in [key for key in self.losses if key[0] < step]:
             del self.losses[key]
@@ -110,9 +110,9 @@ class SplatTaskRenderer:
 
     def render_camera(self, task: Task) -> Camera:
         """The camera `task` renders with: its camera at the downscale of the resolution schedule at its step
-        (not at whichever step the model rendered last: validation runs after later tasks have rendered)."""
-        self.model.step = task.step
-        return downscaled(task.camera, self.model._get_downscale_factor())
+        (not at the model's step: validation runs after later tasks have rendered, and lanes render tasks of
+        several steps side by side)."""
+        return downscaled(task.camera, self.model._get_downscale_factor(task.step))
 
     def drawable(self, task: Task) -> CullRegion:
         """Where `visible` can find a row for `task`: the drawable region of the camera it projects with, with

@@ -120,3 +120,27 @@ def test_get_viewmat_is_splatfactos_arithmetic_without_torch_compile() -> None:
     rotations, _ = torch.linalg.qr(torch.randn(5, 3, 3, generator=generator))
     camera_to_world = torch.cat([rotations, torch.randn(5, 3, 1, generator=generator)], dim=2)
     assert torch.equal(get_viewmat(camera_to_world), eager_splatfacto(camera_to_world))
+
+
+def test_a_task_renders_at_its_own_steps_resolution_and_sh_degree_whatever_the_models_step() -> None:
+    """Lanes render tasks of several steps side by side, so the renderer never sets ``model.step``: a task's camera,
+    ground truth and SH degree follow its own step (here step 0: half resolution, SH degree 0) while the model is at
+    a step past the schedule (full resolution, SH degree 3)."""
+    from odin_nerfstudio.core.tasks import Task
+    from odin_nerfstudio.ns.splat_runtime import SplatTaskRenderer, odin_camera
+
+    model = tiny_model()
+    model.config.num_downscales, model.config.resolution_schedule = 1, 100
+    model.config.sh_degree_interval = 100
+    model.train()
+    model.step = 10_000
+    image = torch.rand(30, 40, 3)
+    renderer = SplatTaskRenderer(model, [image])
+    task = Task(0, 0, 0, 0, odin_camera(front_camera(), 0))
+    leaves = {name: p.detach().clone().requires_grad_(True) for name, p in model.gauss_params.items()}
+    loss, _ = renderer(task, leaves, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert renderer.render_camera(task).width == 20 and model.get_gt_img(image, task.step).shape == (15, 20, 3)
+    assert model.step == 10_000, "rendering a task left the model's step alone"
+    assert float(leaves["features_rest"].grad.abs().sum()) == 0.0, "step 0 renders with SH degree 0"
+    assert renderer.render_camera(Task(10_000, 0, 0, 0, task.camera)).width == 40
