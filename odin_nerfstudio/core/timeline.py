@@ -12,6 +12,7 @@ many older events were dropped.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class Timeline:
         self.recorded = 0
         self._total_ns: dict[str, int] = defaultdict(int)
         self.origin_ns = time.perf_counter_ns()
+        self._lock = threading.Lock()
 
     @staticmethod
     def now() -> int:
@@ -63,9 +65,10 @@ class Timeline:
     def record(self, name: str, worker: int, step: int, start_ns: int, args: dict[str, Any] | None = None) -> Event:
         """Record a span that started at ``start_ns`` and ends now; returns it."""
         event = Event(name, worker, step, start_ns, self.now(), dict(args or {}))
-        self.events.append(event)
-        self.recorded += 1
-        self._total_ns[name] += event.end_ns - event.start_ns
+        with self._lock:  # lanes record from their own threads
+            self.events.append(event)
+            self.recorded += 1
+            self._total_ns[name] += event.end_ns - event.start_ns
         return event
 
     @property

@@ -4,8 +4,11 @@ A trainer iteration is one step of the schedule. A process runs the tasks of its
 the schedule when W virtual workers share the process, or its own worker when each rank is one worker). Workers
 take turns; a worker whose next read must wait (a conflicting publication, the ring, the barrier) yields its
 turn, and when no local worker can proceed the driver blocks on the next publication, which in a distributed run
-needs the other ranks' updates, for at most the runtime's ``wait_timeout_s``. The iteration returns once its
-tasks are staged and their exchange started, not published: the next step may read while it is in flight.
+needs the other ranks' updates, for at most the runtime's ``wait_timeout_s``. With ``tasks_in_flight`` lanes a
+worker's turn puts its read on a free lane (gather, render, backward on another thread) and the driver stages what
+the lanes finished after each turn, so up to that many tasks render at once beside the driver's publications. The
+iteration returns once its tasks are staged and their exchange started, not published: the next step may read
+while it is in flight.
 
 Running ahead (:class:`Ahead`): dynamic ordering, which runs a worker's B tasks of a step in any order, reaches one
 step further. When no local worker can read any task of step s + 1 (each conflicts with the unpublished step s), a
@@ -104,6 +107,19 @@ def turn(runtime: OdinRuntime, me: Worker) -> bool:
     return True
 
 
+def start_next(runtime: OdinRuntime, me: Worker) -> bool:
+    """Read the first of worker ``me``'s remaining tasks that may read (dynamic ordering) and put it in flight on a
+    lane (``OdinRuntime.start``: gather, render, backward); returns whether it read."""
+    result = runtime.read_next(me.remaining, gather=False)
+    if isinstance(result, Wait):
+        me.last_wait = result
+        return False
+    me.remaining.remove(result.task)
+    me.first_read = me.first_read or result
+    runtime.start(result)
+    return True
+
+
 def plan_short_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]]) -> None:
     """Declare ``step``'s task counts to the runtime when some worker runs other than B tasks in it."""
     counts = [len(tasks) for tasks in step_tasks]
@@ -132,9 +148,11 @@ def run_step(
 ) -> None:
     """Run the local workers' tasks of ``step`` (``step_tasks[w]``: worker w's tasks, possibly none).
 
-    Workers take turns in worker order, each reading and at once finishing one task per turn (:func:`turn`);
-    in a round in which none could read, a worker may run one task of ``ahead`` (:func:`run_ahead`), else
-    :func:`unblock` blocks on the next publication.
+    Workers take turns in worker order, each reading one task per turn while a lane is free and putting it in
+    flight (:func:`start_next`); what the lanes finished is staged after each turn (with one lane, the default,
+    each task is rendered and staged in its worker's turn). In a round in which none could read, the driver waits
+    for a lane in flight; with none, a worker may run one task of ``ahead`` (:func:`run_ahead`), else
+    :func:`unblock` blocks on the next publication. Every task of the step is staged when it returns.
 
     ``ahead``: step + 1's local tasks, or None where the caller forbids running ahead (a structural change,
     evaluation, checkpoint or replica check follows this step, or it is the last). ``started``: keys of this step's
@@ -179,16 +197,20 @@ def run_step(
     while any(me.remaining for me in workers):
         published, progressed = runtime.published_through, False
         for me in workers:
-            if me.remaining and turn(runtime, me):
-                turn(runtime, me)
+            if me.remaining and runtime.lanes.free and start_next(runtime, me):
                 progressed = True
+            progressed = runtime.collect() or progressed
         if first_round:
             first_round = False
             streak.saw(_conflicted(runtime, workers, behind))
         runtime.progress()
-        if not progressed and runtime.published_through == published and ahead is not None:
+        stalled = not progressed and runtime.published_through == published
+        if stalled and runtime.lanes.in_flight:
+            progressed = runtime.collect(block=True)  # its staging may publish what the waiting reads need
+        elif stalled and ahead is not None:
             progressed = run_ahead(runtime, workers, ahead)
         unblock(runtime, published, progressed, stuck)
+    runtime.join()
     runtime.progress()
 
 
@@ -252,8 +274,10 @@ def await_published(
 
 
 def settle(runtime: OdinRuntime) -> None:
-    """Block until every step whose exchange this process started is published (each wait bounded by
-    ``wait_timeout_s``), then check that nothing is left in flight (:meth:`OdinRuntime.drain`)."""
+    """Block until every task in flight is staged and every step whose exchange this process started is published
+    (each wait bounded by ``wait_timeout_s``), then check that nothing is left in flight
+    (:meth:`OdinRuntime.drain`)."""
+    runtime.join()
     runtime.progress()
     start, first = runtime.timeline.now(), runtime.published_through
     while runtime.await_publication(runtime.config.wait_timeout_s):

@@ -36,6 +36,9 @@ class OdinRuntimeConfig:
         spatial_order: keep the model's rows in the Z-order of their centres (``row_order.py``): permuted when the
             runtime is built and after every structural change, so that a view's rows are a few runs of
             consecutive rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
+        tasks_in_flight: B_gpu, the tasks a process renders at once (``lanes.py``): each on a lane thread (a CUDA
+            stream on a GPU) gathering, rendering and back-propagating, while the driver's thread stages, validates
+            and publishes beside them, under the kernels' row locks. 1: one task at a time, on the driver's thread.
     """
 
     mode: Mode = "quality"
@@ -49,12 +52,15 @@ class OdinRuntimeConfig:
     record_reads: bool = False
     priority_publication: bool = True
     spatial_order: bool = True
+    tasks_in_flight: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
             raise ValueError(f"unknown mode {self.mode!r}")
         if self.ring_slots < 1:
             raise ValueError(f"ring_slots must be >= 1, got {self.ring_slots}")
+        if self.tasks_in_flight < 1:
+            raise ValueError(f"tasks_in_flight must be >= 1, got {self.tasks_in_flight} (--runtime.tasks-in-flight)")
 
 
 @dataclass(frozen=True)

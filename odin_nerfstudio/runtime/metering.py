@@ -8,6 +8,7 @@ communication, so the benchmarks can show it stays small. See ``docs/architectur
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -70,6 +71,9 @@ class RuntimeCounters:
         early_reads: reads that read rows of such a first part while the rest of its step was unpublished.
         early_commits: worker steps committed (validated and sent) while the step before was published only in its
             first part: two of the worker's exchanges were in flight.
+        most_in_flight: the most tasks read and not yet staged at once (``tasks_in_flight`` lanes: up to that many).
+        gathers_beside_publication: gathers a lane ran while this process published (the seqlocks were live).
+        locked_rereads: rows a gather found held by a publication and read again once it was released.
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
             publish), the outermost call only, less the render and backward of the re-runs they execute and
             less their time in the transport (``comm_ns``).
@@ -94,6 +98,9 @@ class RuntimeCounters:
     first_publications: int = 0
     early_reads: int = 0
     early_commits: int = 0
+    most_in_flight: int = 0
+    gathers_beside_publication: int = 0
+    locked_rereads: int = 0
     bookkeeping_ns: int = 0
     render_ns: int = 0
     backward_ns: int = 0
@@ -115,6 +122,10 @@ class RuntimeCounters:
 class Meter:
     """Counters, timeline and clocks of one runtime.
 
+    Thread-safe where lanes (``lanes.py``) report: spans and their totals, and the clocks of a hook, which are per
+    thread (a hook on the driver's thread subtracts only the renders and transport calls it ran itself, not those
+    of lanes beside it).
+
     Args:
         device: the model's device (spans on CUDA wait for the current stream before their clock stops).
     """
@@ -123,8 +134,23 @@ class Meter:
         self.device = device
         self.counters = RuntimeCounters()
         self.timeline = Timeline()
+        self.lock = threading.Lock()
+        """Guards the counters that lanes add to (render, backward, bookkeeping time, tasks)."""
         self._wait_since: dict[int, tuple[int, Wait]] = {}
-        self._in_hook = False
+        self._thread = threading.local()
+
+    def add(self, **amounts: int) -> None:
+        """Add to counters (``render_ns=...``) from any thread; render, backward and transport time also go on this
+        thread's clock of time that is not bookkeeping (:func:`bookkeeping` leaves it out of a hook)."""
+        with self.lock:
+            for name, amount in amounts.items():
+                setattr(self.counters, name, getattr(self.counters, name) + amount)
+        elsewhere = sum(amounts.get(name, 0) for name in ("render_ns", "backward_ns", "comm_ns"))
+        self._thread.elsewhere = self._elsewhere() + elsewhere
+
+    def _elsewhere(self) -> int:
+        """This thread's time in renders, backwards and transport calls so far (what a hook leaves out)."""
+        return getattr(self._thread, "elsewhere", 0)
 
     def count_wait(self, wait: Wait) -> Wait:
         """Count a Wait answer by its reason."""
@@ -171,13 +197,12 @@ class Meter:
         loss, info = render_fn(task, read.leaves, read.generator)
         if before_backward is not None:
             before_backward(info)
-        self.counters.render_ns += self._span("render", task, start, size)
+        self.add(render_ns=self._span("render", task, start, size))
         if between is not None:
             between()
         start = self.timeline.now()
         loss.backward()
-        self.counters.backward_ns += self._span("backward", task, start, size)
-        self.counters.tasks += 1
+        self.add(backward_ns=self._span("backward", task, start, size), tasks=1)
         return info
 
     def _span(self, name: str, task: Task, start_ns: int, size: dict[str, int]) -> int:
@@ -193,19 +218,14 @@ class Meter:
         try:
             return call(*args)
         finally:
-            self.counters.comm_ns += Timeline.now() - start
-
-    def _not_bookkeeping_ns(self) -> int:
-        """The time counted elsewhere that a hook may contain: re-runs' render and backward, and transport calls."""
-        counters = self.counters
-        return counters.render_ns + counters.backward_ns + counters.comm_ns
+            self.add(comm_ns=Timeline.now() - start)
 
 
 def bookkeeping(hook: _Hook) -> _Hook:
     """Time a runtime hook into ``meter.counters.bookkeeping_ns``: Odin's own cost per step, which must stay small.
 
-    Only the outermost hook call is timed (after_backward -> progress -> publish and read_next -> before_read
-    count once), and the render and backward time of re-runs executed inside it is subtracted, as is its time in
+    Only the outermost hook call of a thread is timed (after_backward -> progress -> publish and read_next ->
+    before_read count once; a lane's gather on its own thread counts apart), and the render and backward time of re-runs executed inside it is subtracted, as is its time in
     the transport (``comm_ns``: sending, and waiting for the other workers), so the counter holds the runtime's
     culling, conflict checks, gathers, staging, validation and publications, never the renderer's work nor
     communication. On CUDA the hook's kernels queued on the current stream are waited for before the clock stops
@@ -215,18 +235,19 @@ def bookkeeping(hook: _Hook) -> _Hook:
     @functools.wraps(hook)
     def timed(runtime: Any, *args: Any, **kwargs: Any) -> Any:
         meter: Meter = runtime.meter
-        if meter._in_hook:
+        local = meter._thread
+        if getattr(local, "in_hook", False):
             return hook(runtime, *args, **kwargs)
-        meter._in_hook = True
-        others = meter._not_bookkeeping_ns()
+        local.in_hook = True
+        others = meter._elsewhere()
         start = Timeline.now()
         try:
             return hook(runtime, *args, **kwargs)
         finally:
             synchronize(meter.device)
             elapsed = Timeline.now() - start
-            meter.counters.bookkeeping_ns += elapsed - (meter._not_bookkeeping_ns() - others)
-            meter._in_hook = False
+            meter.add(bookkeeping_ns=elapsed - (meter._elsewhere() - others))
+            local.in_hook = False
 
     return timed  # type: ignore[return-value]
 

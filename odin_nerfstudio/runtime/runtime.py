@@ -12,7 +12,8 @@ The three hooks, and the names drivers call (``drivers/step_loop.py``):
 2. ``after_backward(read, info)``: stage A(t), its gradients and statistics in the ring slot of t's step, then
    :meth:`progress`: once a worker's tasks of the step are staged and every earlier step is published, validate
    them (re-running failures on the synchronous state) and start the worker's exchange. Drivers call
-   :meth:`finish` (render, backward, ``after_backward``).
+   :meth:`finish` (render, backward, ``after_backward``), or :meth:`start` and :meth:`collect`: the gather,
+   render and backward on a lane (``lanes.py``, ``tasks_in_flight`` at once), ``after_backward`` when collected.
 3. ``publish(step)``: once every worker's part has arrived, apply selective Adam to the union of active rows,
    advance their versions, free the slot. :meth:`progress` calls it for every complete exchange, and
    :meth:`await_publication` after blocking on the next one (a remote rank). Rows a waiting reader needs go first
@@ -45,6 +46,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.culling_index import CullingIndex, RemoteTasks
 from odin_nerfstudio.runtime.exchange import ExchangeBook
+from odin_nerfstudio.runtime.lanes import Lanes
 from odin_nerfstudio.runtime.metering import Meter, bookkeeping
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.reads import EscapeCheck, Read, ReadRecord, RenderFn, VisibilityFn, Wait
@@ -114,6 +116,9 @@ class OdinRuntime:
         self.publisher = Publisher(
             params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads, batch_gain
         )
+        self.lanes = Lanes(self._lane_work, config.tasks_in_flight, self.device, config.wait_timeout_s)
+        self._publishing = 0
+        """Publications begun so far; odd while one writes (a lane's gather beside it counts as such)."""
         self._upcoming: dict[int, list[Task]] = {}
         self._unsure: set[tuple[int, int]] = set()
         """(step, worker) parts whose early commit was refused: committed once the step before is published."""
@@ -149,9 +154,10 @@ class OdinRuntime:
         self.exchange.plan(step, tasks_per_worker)
 
     @bookkeeping
-    def before_read(self, task: Task) -> Read | Wait:
+    def before_read(self, task: Task, gather: bool = True) -> Read | Wait:
         """Hook 1: cull C(t) and check it against the unpublished writes (RAW): a :class:`Read` (C(t) declared as
-        the task's possible writes and gathered into leaves) or a :class:`Wait` (rows and publication to wait for).
+        the task's possible writes and gathered into leaves, unless not ``gather``: then :meth:`start` gathers it on
+        a lane) or a :class:`Wait` (rows and publication to wait for).
 
         Unpublished writes: per open step before t's, the local tasks' candidate sets (the active sets once
         staged), and the predicted candidate sets of the tasks other processes run (:meth:`expect`); for a step
@@ -178,7 +184,7 @@ class OdinRuntime:
                 return meter.count_wait(Wait(task, "raw", conflicts.wait_step, conflicts.rows))
             admitted, stale = admission
             meter.counters.count_stale(stale)
-        return self._admit(task, candidate, admitted)
+        return self._admit(task, candidate, admitted, gather)
 
     def _candidates_and_conflicts(self, task: Task, writes: list[StepRows]) -> tuple[Tensor, Conflicts]:
         """C(t) and its rows with a write in ``writes`` (RAW): culled and checked in one op (the index's
@@ -194,9 +200,9 @@ class OdinRuntime:
             return torch.arange(self.num_primitives, dtype=torch.int64, device=self.device)
         return self.index.candidates(task)
 
-    def _admit(self, task: Task, candidate: Tensor, admitted: tuple[StepRows, ...] = ()) -> Read:
+    def _admit(self, task: Task, candidate: Tensor, admitted: tuple[StepRows, ...] = (), gather: bool = True) -> Read:
         """Let ``task`` read ``candidate`` (a first read, or a re-run on the synchronous state): declare it as the
-        task's possible writes, log the read and gather it."""
+        task's possible writes, log the read and gather it (unless not ``gather``)."""
         self.shadow.declare(task.key, candidate)
         self.tables.declare(candidate, task.step)
         early = self.publisher.early.get(self.published_through + 1)
@@ -204,17 +210,35 @@ class OdinRuntime:
         if early is not None and bool(isin_sorted(early.published, candidate).any()):
             self.counters.early_reads += 1
         self.log.add(task, record)
-        leaves = self.shadow.gather(self.params, candidate, self.tables.seq)
-        return Read(task, record, leaves, task_generator(self.seed, task.step, task.view))
+        read = Read(task, record, {}, task_generator(self.seed, task.step, task.view))
+        if gather:
+            self.gather(read)
+        return read
 
     @bookkeeping
-    def read_next(self, tasks: Sequence[Task]) -> Read | Wait:
+    def gather(self, read: Read) -> None:
+        """Gather an admitted read's C(t) into its leaves (once). On a lane a publication may run beside it: a row
+        it holds is read again once released, and the gather is counted as beside a publication."""
+        if read.leaves:
+            return
+        concurrent, begun = self.lanes.count > 1, self._publishing
+        leaves, rereads = self.shadow.gather(
+            self.params, read.candidate, self.tables.seq, concurrent, self.config.wait_timeout_s
+        )
+        read.leaves.update(leaves)
+        if concurrent:
+            beside = begun % 2 == 1 or self._publishing != begun
+            self.meter.add(locked_rereads=rereads, gathers_beside_publication=int(beside))
+
+    @bookkeeping
+    def read_next(self, tasks: Sequence[Task], gather: bool = True) -> Read | Wait:
         """``before_read`` of one worker's remaining tasks of a step, in task order: the first admitted one reads
         (dynamic ordering; its gradients are still summed in task order), else the first task's :class:`Wait`.
-        A worker's wait is recorded on the timeline when it ends, with the reason and the primitives waited on."""
+        A worker's wait is recorded on the timeline when it ends, with the reason and the primitives waited on.
+        ``gather`` False leaves the gather to :meth:`start`."""
         first_wait = None
         for position, task in enumerate(tasks):
-            result = self.before_read(task)
+            result = self.before_read(task, gather)
             if isinstance(result, Wait):
                 first_wait = first_wait or result
                 continue
@@ -232,8 +256,34 @@ class OdinRuntime:
         return bool((written == read.task.step - 1).any())
 
     def finish(self, read: Read) -> None:
-        """Render an admitted task with ``render_fn``, back-propagate, and run :meth:`after_backward`."""
-        self.after_backward(read, self._render_and_backward(read, between=self.progress))
+        """Render an admitted task with ``render_fn``, back-propagate, and run :meth:`after_backward`, on this
+        thread (gathering it first if it was not)."""
+        self.after_backward(read, self._lane_work(read, True))
+
+    def start(self, read: Read) -> None:
+        """Put an admitted read in flight on a lane (gather, render, backward); :meth:`collect` stages it. With one
+        lane it renders now, on this thread, as :meth:`finish` would."""
+        self.lanes.start(read)
+        self.counters.most_in_flight = max(self.counters.most_in_flight, self.lanes.in_flight)
+
+    def collect(self, block: bool = False) -> bool:
+        """Run :meth:`after_backward` for every read whose lane finished (``block``: wait for one first, bounded by
+        ``wait_timeout_s``); returns whether any did."""
+        finished = self.lanes.finished(block)
+        for read, info in finished:
+            self.after_backward(read, info)
+        return bool(finished)
+
+    def join(self) -> None:
+        """Collect every read in flight (each wait bounded by ``wait_timeout_s``)."""
+        while self.lanes.in_flight:
+            self.collect(block=True)
+
+    def _lane_work(self, read: Read, inline: bool) -> dict[str, Any]:
+        """What a lane runs for a read: its gather, render and backward (inline, on the driver's thread, with
+        :meth:`progress` between render and backward); returns the render's info."""
+        self.gather(read)
+        return self._render_and_backward(read, between=self.progress if inline else None)
 
     def run_next(self, tasks: Sequence[Task]) -> Task | Wait:
         """:meth:`read_next` then :meth:`finish`: run one of a worker's remaining tasks, or say why none can."""
@@ -376,7 +426,11 @@ class OdinRuntime:
         self.publisher.check_order(step)
         start = self.timeline.now()
         merged = self.exchange.collect(step, self.config.wait_timeout_s)
-        rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
+        self._publishing += 1
+        try:
+            rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
+        finally:
+            self._publishing += 1
         self.index.update(rows, means, scales)
         slot = self.shadow.free(step)
         self.tables.settle(merged.rows, slot.declared_sets(), step)
@@ -395,7 +449,11 @@ class OdinRuntime:
         (exactly known now) until :meth:`publish`. A read then sees these rows' new values; validation knows it
         (``ReadRecord.early``)."""
         start = self.timeline.now()
-        rows, means, scales = self.publisher.apply_first(step, first, self.tables.seq)
+        self._publishing += 1
+        try:
+            rows, means, scales = self.publisher.apply_first(step, first, self.tables.seq)
+        finally:
+            self._publishing += 1
         self.index.update(rows, means, scales)
         self.counters.first_publications += 1
         self.timeline.record("publish", -1, step, start, {"rows": rows.numel(), "first": True})
@@ -417,6 +475,8 @@ class OdinRuntime:
     def drain(self) -> None:
         """The barrier before a structural change: every staged step published, nothing in flight; raises if a
         task has read but not been staged, or a worker's step is incomplete."""
+        if self.lanes.in_flight:
+            raise RuntimeError(f"drain: {self.lanes.in_flight} tasks still in flight (collect them first: join)")
         self.progress()
         if self.shadow.open_slots() or self.exchange.in_flight():
             steps = [slot.step for slot in self.shadow.open_slots()]

@@ -10,6 +10,8 @@ it.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -42,14 +44,16 @@ class MemoryMeter:
     peak: int = 0
     parts: dict[str, int] = field(default_factory=dict)
     at_peak: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, nbytes: int, kind: str) -> None:
-        """Account ``nbytes`` more of ``kind`` (negative to release)."""
-        self.current += nbytes
-        self.parts[kind] = self.parts.get(kind, 0) + nbytes
-        if self.current > self.peak:
-            self.peak = self.current
-            self.at_peak = dict(self.parts)
+        """Account ``nbytes`` more of ``kind`` (negative to release); lanes gather from their own threads."""
+        with self._lock:
+            self.current += nbytes
+            self.parts[kind] = self.parts.get(kind, 0) + nbytes
+            if self.current > self.peak:
+                self.peak = self.current
+                self.at_peak = dict(self.parts)
 
 
 @dataclass
@@ -143,7 +147,9 @@ class ShadowGraph:
         """Every claimed slot, in step order."""
         return sorted((s for s in self.slots if s is not None), key=lambda s: s.step)
 
-    def gather(self, params: dict[str, Tensor], rows: Tensor, seq: Tensor) -> dict[str, Tensor]:
+    def gather(
+        self, params: dict[str, Tensor], rows: Tensor, seq: Tensor, concurrent: bool = False, timeout_s: float = 60.0
+    ) -> tuple[dict[str, Tensor], int]:
         """Copy the candidate rows into task-local leaves that require grad (the kernel op ``gather_rows``, under
         the rows' seqlocks).
 
@@ -151,20 +157,39 @@ class ShadowGraph:
             params: per name, the global parameter [N, ...].
             rows: the candidate set, sorted int64 [M].
             seq: per row, its sequence word, int64 [N] (``PrimitiveTables.seq``).
+            concurrent: whether a publication may run beside this gather (the runtime's lanes): rows it holds are
+                then read again once it releases them; else none may be held.
+            timeout_s: the longest a row may stay held (then TimeoutError, naming the rows).
 
         Returns:
-            Per name, a fresh leaf [M, ...] with ``requires_grad=True``.
+            Per name, a fresh leaf [M, ...] with ``requires_grad=True``, and how many rows were read again.
         """
         leaves, _, locked = ops.gather_rows(params, rows, seq)
-        # Publications run on this thread between gathers, so no row is ever held here. The check costs nothing
-        # on the CPU; on CUDA it would wait for the copy, so it is skipped there (a concurrent publisher must
-        # re-read the locked rows instead, docs/architecture.md).
-        if rows.device.type == "cpu" and bool(locked.any()):
+        rereads = 0
+        if concurrent:
+            # Each row is read whole, old or new (its version is a seqlock's); a row held through every try of the
+            # op is read again, alone, after the publication releases it. The check waits for the copy on CUDA,
+            # on this lane's thread and stream only.
+            deadline = time.monotonic() + timeout_s
+            while bool(locked.any()):
+                positions = torch.nonzero(locked).flatten()
+                if time.monotonic() > deadline:
+                    held = rows.index_select(0, positions)[:8].tolist()
+                    raise TimeoutError(f"gather: rows {held} held by a publication for over {timeout_s} s")
+                rereads += positions.numel()
+                time.sleep(1e-4)
+                again, _, still = ops.gather_rows(params, rows.index_select(0, positions), seq)
+                for name, leaf in leaves.items():
+                    leaf.index_copy_(0, positions, again[name])
+                locked = torch.zeros_like(locked).index_copy_(0, positions, still)
+        elif rows.device.type == "cpu" and bool(locked.any()):
+            # Without lanes publications run on this thread between gathers, so no row is ever held; the check is
+            # free on the CPU and skipped on CUDA (it would wait for the copy).
             raise RuntimeError(f"gather: {int(locked.sum())} rows held by a publication (none may run concurrently)")
         for leaf in leaves.values():
             leaf.requires_grad_(True)
         self.memory.add(sum(tensor_bytes(leaf) for leaf in leaves.values()), "leaves")
-        return leaves
+        return leaves, rereads
 
     def release(self, leaves: dict[str, Tensor]) -> None:
         """End a task's leaves and the gradients autograd put in them: account them and drop them from ``leaves``.

@@ -527,7 +527,7 @@ def test_staged_tasks_carry_squared_norms_only_for_the_adaptive_batch_rule(monke
 def test_shadow_ring_stages_in_task_order_and_keeps_superseded_candidates() -> None:
     params = {"means": torch.zeros(10, 3), "opacities": torch.zeros(10)}
     shadow = ShadowGraph(ring_slots=2)
-    leaves = shadow.gather(params, torch.tensor([1, 2, 4]), torch.zeros(10, dtype=torch.int64))
+    leaves, _ = shadow.gather(params, torch.tensor([1, 2, 4]), torch.zeros(10, dtype=torch.int64))
     assert shadow.memory.current == 3 * 3 * 4 + 3 * 4
     shadow.release(leaves)
     assert leaves == {} and shadow.memory.current == 0

@@ -1,0 +1,124 @@
+"""Lanes: up to ``tasks_in_flight`` admitted tasks rendering at once in one process (the paper's B_gpu).
+
+A lane is a thread (on CUDA with its own stream) that runs one admitted read's gather, render and backward. The
+driver's thread keeps every decision: it reads (culls, checks against pending writes, declares), stages what a lane
+finished, validates, exchanges and publishes. A publication therefore runs beside the lanes' gathers, the case the
+kernels' seqlocks exist for: a gather reads each row whole, old or new, and reads a row a publication holds again
+once it is released (``ShadowGraph.gather``); validation then judges the read as it would any other. Torch
+releases the GIL inside its ops, so two renders share the cores. Each lane runs torch at the driver's intra-op
+thread count, so a task renders to the same bits on whichever thread runs it.
+
+With one lane (the default) nothing runs on another thread: a read renders at once on the driver's thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from odin_nerfstudio.runtime.reads import Read
+
+LaneWork = Callable[[Read, bool], dict[str, Any]]
+"""(read, inline) -> the render's info: the read's gather, render and backward (``inline``: on the driver's
+thread, which may then publish between render and backward)."""
+
+
+class Lanes:
+    """The tasks in flight of one process: started in order, handed back (with their render's info) as they finish.
+
+    Args:
+        work: what a lane runs for a read (:data:`LaneWork`).
+        count: the lanes, ``tasks_in_flight`` (1: none on another thread).
+        device: the model's device (on CUDA each lane has its own stream).
+        timeout_s: the longest the driver waits for a lane (then TimeoutError naming the tasks in flight).
+    """
+
+    def __init__(self, work: LaneWork, count: int, device: torch.device, timeout_s: float) -> None:
+        if count < 1:
+            raise ValueError(f"tasks_in_flight must be >= 1, got {count}")
+        self.work = work
+        self.count = count
+        self.device = device
+        self.timeout_s = timeout_s
+        self._pool: futures.ThreadPoolExecutor | None = None
+        self._running: list[tuple[Read, futures.Future]] = []
+        self._done: list[tuple[Read, dict[str, Any]]] = []
+        self._streams: dict[int, torch.cuda.Stream] = {}
+
+    @property
+    def in_flight(self) -> int:
+        """Reads started and not yet handed back."""
+        return len(self._running) + len(self._done)
+
+    @property
+    def free(self) -> bool:
+        """Whether another read may start."""
+        return self.in_flight < self.count
+
+    def start(self, read: Read) -> None:
+        """Start ``read``'s gather, render and backward on a lane (with one lane: now, on this thread)."""
+        if self.count == 1:
+            self._done.append((read, self.work(read, True)))
+            return
+        if self._pool is None:
+            threads = torch.get_num_threads()
+            self._pool = futures.ThreadPoolExecutor(
+                self.count, "odin-lane", initializer=torch.set_num_threads, initargs=(threads,)
+            )
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))  # what the driver queued before: its publications
+        self._running.append((read, self._pool.submit(self._run, read, ready)))
+
+    def finished(self, block: bool = False) -> list[tuple[Read, dict[str, Any]]]:
+        """The reads whose backward is done, in start order, with their render's info; ``block``: wait for one
+        first (bounded by ``timeout_s``) if none is. A lane's exception is raised here."""
+        if block and self._running and not self._done and not any(f.done() for _, f in self._running):
+            waited = futures.wait([f for _, f in self._running], self.timeout_s, futures.FIRST_COMPLETED)
+            if not waited.done:
+                keys = [read.task.key for read, _ in self._running]
+                raise TimeoutError(f"tasks {keys} still rendering after {self.timeout_s} s (wait_timeout_s)")
+        out, self._done = self._done, []
+        still = []
+        for read, future in self._running:
+            if future.done():
+                out.append((read, self._handed_over(future.result())))
+            else:
+                still.append((read, future))
+        self._running = still
+        return out
+
+    def _run(self, read: Read, ready: torch.cuda.Event | None) -> tuple[dict[str, Any], torch.cuda.Event | None]:
+        """A lane's work for ``read``; on CUDA on the lane's stream, after what the driver queued before it."""
+        if ready is None:
+            return self.work(read, False), None
+        stream = self._streams.setdefault(threading.get_ident(), torch.cuda.Stream(self.device))
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
+            info = self.work(read, False)
+            # The driver's stream uses the leaves' gradients and the info: keep their memory until it is done.
+            driver = torch.cuda.default_stream(self.device)
+            for tensor in [*read.leaves.values(), *(leaf.grad for leaf in read.leaves.values()), *info.values()]:
+                if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                    tensor.record_stream(driver)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return info, done
+
+    def _handed_over(self, result: tuple[dict[str, Any], torch.cuda.Event | None]) -> dict[str, Any]:
+        """A lane's result on the driver's thread: on CUDA its stream first waits for the lane's work."""
+        info, done = result
+        if done is not None:
+            torch.cuda.current_stream(self.device).wait_event(done)
+        return info
+
+    def close(self) -> None:
+        """Stop the lanes' threads (after the last read is handed back)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
