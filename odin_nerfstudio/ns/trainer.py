@@ -389,6 +389,7 @@ class OdinTrainer(Trainer):
             run_step(self.runtime, ahead.step, self._local_tasks(ahead.step), started=ahead.started)
             self.step = ahead.step
         self._settle()
+        self.runtime.lanes.close()
         if self.world_size > 1:
             self._check_replicas(self.step)
         if self.config.export_timeline:

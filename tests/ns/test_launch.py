@@ -4,6 +4,7 @@ A diverged replica is caught by the checksum with the ranks and parameters named
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp
 
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.comm.replicas import check_replicas
+from odin_nerfstudio.scheduling.colmap_model import import_pycolmap
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns.test_training import free_port
 
@@ -87,6 +89,42 @@ def test_torchrun_two_gloo_ranks_equal_two_virtual_workers(tmp_path: Path) -> No
     params = [key for key in ranks["pipeline"] if "gauss_params" in key]
     assert len(params) == 6
     for key in params:
+        assert torch.equal(ranks["pipeline"][key], virtual["pipeline"][key]), key
+    for name, state in ranks["optimizers"].items():
+        for key, value in state["state"][0].items():
+            assert torch.equal(value, virtual["optimizers"][name]["state"][0][key]), (name, key)
+
+
+LANES_DENSIFY = [
+    "--pipeline.datamanager.views-per-step", "2",
+    "--pipeline.model.warmup-length", "16",
+    "--pipeline.model.refine-every", "16",
+    "--pipeline.model.densify-grad-thresh", "1e-4",
+]  # fmt: skip
+"""B = 2 views per worker and step; a densification after step 8 (counts in views: 4 per step)."""
+
+
+@pytest.mark.slow
+def test_two_tasks_in_flight_per_gloo_rank_equal_the_barrier_across_a_densification(tmp_path: Path) -> None:
+    """Each rank renders its B = 2 tasks of a step at once on two lanes (``--runtime.tasks-in-flight 2``) while
+    its driver stages, validates and publishes beside them; quality-first still ends bit-identical to one process
+    running both workers as virtual workers one task at a time (barrier), across a densification."""
+    scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python"]
+    lanes = ["--runtime.tasks-in-flight", "2", *LANES_DENSIFY]
+    run_one_thread([*torchrun, str(BIN / "odin-train"), *train_args(scene, tmp_path, "ranks"), *lanes])
+    virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier", *LANES_DENSIFY]
+    run_one_thread([str(BIN / "ns-train"), *train_args(scene, tmp_path, "virtual"), *virtual])
+
+    run = tmp_path / "ranks" / "odin-splat" / "run"
+    for rank in range(2):
+        counters = json.loads((run / f"odin_counters_rank{rank}.json").read_text())
+        assert counters["most_in_flight"] == 2, f"rank {rank} never had two tasks in flight: {counters}"
+        assert counters["waits"].get("raw", 0) > 0, f"rank {rank}'s reads never met an unpublished step: {counters}"
+    ranks, virtual = final_state(tmp_path, "ranks"), final_state(tmp_path, "virtual")
+    seeded = import_pycolmap().Reconstruction(str(scene / "sparse" / "0")).num_points3D()
+    assert ranks["pipeline"]["_model.gauss_params.means"].shape[0] != seeded, "no densification changed the model"
+    for key in [key for key in ranks["pipeline"] if "gauss_params" in key]:
         assert torch.equal(ranks["pipeline"][key], virtual["pipeline"][key]), key
     for name, state in ranks["optimizers"].items():
         for key, value in state["state"][0].items():

@@ -81,10 +81,14 @@ DENSIFY = {"warmup_length": 60, "refine_every": 20, "densify_grad_thresh": 2e-4}
 so one densification, after step 40."""
 
 
+@pytest.mark.parametrize("tasks_in_flight", [1, 2])
 def test_quality_equals_barrier_in_the_trainer_across_a_densification(
-    street: Path, tmp_path: Path, default_torch_threads: int
+    street: Path, tmp_path: Path, default_torch_threads: int, tasks_in_flight: int
 ) -> None:
-    quality = train(trainer_config(street, tmp_path / "q", 42, **DENSIFY))
+    """Also with two tasks in flight (two lanes render the step's two tasks at once; ``runtime/lanes.py``)."""
+    config = trainer_config(street, tmp_path / "q", 42, **DENSIFY)
+    config.runtime.tasks_in_flight = tasks_in_flight
+    quality = train(config)
     barrier = train(trainer_config(street, tmp_path / "b", 42, mode="barrier", **DENSIFY))
     assert torch.get_num_threads() == default_torch_threads > 1
     assert quality.runtime.topology.num_workers == 2 and quality.runtime.published_through == 41
@@ -98,6 +102,10 @@ def test_quality_equals_barrier_in_the_trainer_across_a_densification(
     run = quality.base_dir
     trace = json.loads((run / "odin_timeline.json").read_text())
     assert {event["name"] for event in trace["traceEvents"]} >= {"render", "backward", "publish"}
+    assert quality.runtime.counters.most_in_flight == tasks_in_flight
+    if tasks_in_flight > 1:
+        renders = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"] if e["name"] == "render")
+        assert any(b[0] < a[1] for a, b in zip(renders, renders[1:])), "no two renders ran at the same time"
     counters = json.loads((run / "odin_counters.json").read_text())
     schedule = quality.pipeline.datamanager.schedule
     scheduled = sum(len(views) for step in range(42) for views in schedule.at(step).tasks)
