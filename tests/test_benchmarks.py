@@ -1,4 +1,4 @@
-"""The benchmarks' shared report writer edits only its own section, and bench_runtime's quick run works end to end."""
+"""The benchmarks' shared report writer edits only its own section, and their quick runs work end to end."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ def load_report():
     return module
 
 
+def run_quick(name: str, timeout: float) -> subprocess.CompletedProcess:
+    """``benchmarks/<name>.py --quick`` in a subprocess, from the repository root."""
+    script = ROOT / "benchmarks" / f"{name}.py"
+    command = [sys.executable, str(script), "--quick"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
+
+
 def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     report = load_report()
     path = tmp_path / "BENCHMARKS.md"
@@ -35,14 +42,7 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
 
 
 def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_runtime.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=ROOT,
-    )
+    result = run_quick("bench_runtime", timeout=600)
     assert result.returncode == 0, result.stderr
     assert "Quality-first ended bit-identical to barrier in every run: yes" in result.stdout
     assert "**bookkeeping share of step time**" in result.stdout
@@ -54,14 +54,7 @@ def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
 
 @pytest.mark.slow
 def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes_nothing() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_train.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=ROOT,
-    )
+    result = run_quick("bench_train", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     header = "| figure | ddp | barrier | quality | quality-random | throughput | hogwild |"
     assert header in result.stdout and "**views/s**" in result.stdout
@@ -69,4 +62,12 @@ def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes
     psnr = [line for line in result.stdout.splitlines() if line.startswith("| **held-out PSNR**")]
     values = psnr[0].split("|")[2:8]
     assert values[1] == values[2], "quality-first ends at the barrier's model, so at its PSNR"
+    assert "updated" not in result.stdout
+
+
+def test_bench_lanes_quick_runs_one_and_two_lanes_bit_identically_and_writes_nothing() -> None:
+    result = run_quick("bench_lanes", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| most tasks in flight | 1 | 1 | 2 | 2 |" in result.stdout
+    assert "quality x2 bit-identical to barrier x1 in every round: **yes**" in result.stdout
     assert "updated" not in result.stdout
