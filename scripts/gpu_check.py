@@ -4,11 +4,14 @@ kernels' share of a step: the GPU check of issue 10 (``--cpu`` runs the same flo
 Why one small file: the runtime's API is being refactored; everything that touches it is in :func:`train` (a
 runtime over the params with selective Adams, one virtual transport, ``run_virtual`` over a schedule), so the loop
 is easy to adapt. The model renders with ``odin_nerfstudio.rendering.rasterize.rasterization`` (gsplat's CUDA
-rasterizer on CUDA, the project's CPU rasterizer on CPU). Two virtual workers with one task each per step keep two
-tasks in flight in the process. Prints per mode the step time and the runtime's bookkeeping share, then the four
+rasterizer on CUDA, the project's CPU rasterizer on CPU). Two virtual workers with one task each per step, driven
+by the trainer's step loop with two lanes (``tasks_in_flight=2``: two threads, each with its CUDA stream, gather,
+render and back-propagate a step's two tasks at once), and the barrier with one lane as the reference. Prints per
+run the step time and the runtime's bookkeeping share, then the four
 compiled ops' time on this model against the reference (the kernels' share of a step once the runtime calls
-them), and whether quality equals barrier bit for bit (on CUDA also barrier against itself: gsplat's backward sums
-with float atomics, so quality may differ from barrier by no more than barrier differs from itself).
+them), and whether quality (two lanes) equals barrier (one) bit for bit (on CUDA also barrier against itself:
+gsplat's backward sums with float atomics, so quality may differ from barrier by no more than barrier differs from
+itself).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from odin_nerfstudio.core.selective_adam import selective_adams  # noqa: E402
 from odin_nerfstudio.core.sparse import SparseUpdate  # noqa: E402
 from odin_nerfstudio.core.tasks import Task  # noqa: E402
 from odin_nerfstudio.culling.candidates import CullRegion  # noqa: E402
-from odin_nerfstudio.drivers.virtual import run_virtual  # noqa: E402
+from odin_nerfstudio.drivers.step_loop import run_step, settle  # noqa: E402
 from odin_nerfstudio.kernels import ops  # noqa: E402
 from odin_nerfstudio.rendering.rasterize import rasterization  # noqa: E402
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology  # noqa: E402
@@ -38,6 +41,8 @@ from odin_nerfstudio.runtime.runtime import OdinRuntime  # noqa: E402
 
 LRS = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "features_dc": 2.5e-3}
 WORKERS, PER_WORKER = 2, 1
+RUNS = (("barrier", 1), ("barrier", 2), ("quality", 2), ("throughput", 2))
+"""(mode, tasks in flight) of each run; quality with two lanes is compared with the barrier with one."""
 
 
 def make_params(num_gaussians: int, device: str) -> dict[str, torch.nn.Parameter]:
@@ -102,10 +107,11 @@ def make_render(size: int, device: str):
     return render
 
 
-def train(mode: str, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
-    """A fresh model trained ``args.steps`` steps in ``mode``; returns the runtime and the seconds per step."""
+def train(mode: str, lanes: int, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
+    """A fresh model trained ``args.steps`` steps in ``mode`` with ``lanes`` tasks in flight; returns the runtime and
+    the seconds per step."""
     params = make_params(args.gaussians, args.device)
-    config = OdinRuntimeConfig(mode=mode)
+    config = OdinRuntimeConfig(mode=mode, tasks_in_flight=lanes)
     transport = VirtualTransport(WORKERS, params, ops.scatter_in_order)
     runtime = OdinRuntime(
         config,
@@ -119,7 +125,9 @@ def train(mode: str, args: argparse.Namespace) -> tuple[OdinRuntime, float]:
     schedule = make_schedule(args.steps, args.views, args.size)
     synchronize(args.device)
     start = time.perf_counter()
-    run_virtual(runtime, schedule)
+    for step, tasks in enumerate(schedule):
+        run_step(runtime, step, tasks)
+    settle(runtime)
     synchronize(args.device)
     return runtime, (time.perf_counter() - start) / args.steps
 
@@ -198,17 +206,18 @@ def main() -> None:
     print(f"device {args.device}, compiled ops: {ops.compiled(args.device)}, {args.gaussians} Gaussians, "
           f"{args.steps} steps of {WORKERS} tasks at {args.size}x{args.size}")
 
-    runs = {mode: train(mode, args) for mode in ("barrier", "quality", "throughput")}
-    print("\n| mode | step ms | render+backward ms/task | bookkeeping ms/task | bookkeeping share |")
-    print("|---|---|---|---|---|")
-    for mode, (runtime, step_s) in runs.items():
+    runs = {(mode, lanes): train(mode, lanes, args) for mode, lanes in RUNS}
+    print("\n| mode | lanes | step ms | render+backward ms/task | bookkeeping ms/task | bookkeeping share | in flight |")
+    print("|---|---|---|---|---|---|---|")
+    for (mode, lanes), (runtime, step_s) in runs.items():
         c = runtime.counters
         tasks = max(c.tasks, 1)
         compute = (c.render_ns + c.backward_ns) / tasks / 1e6
         book = c.bookkeeping_ns / tasks / 1e6
-        print(f"| {mode} | {step_s * 1e3:.1f} | {compute:.2f} | {book:.2f} | {book / (book + compute):.1%} |")
+        share = book / (book + compute)
+        print(f"| {mode} | {lanes} | {step_s * 1e3:.1f} | {compute:.2f} | {book:.2f} | {share:.1%} | {c.most_in_flight} |")
 
-    quality_runtime, step_s = runs["quality"]
+    quality_runtime, step_s = runs[("quality", 2)]
     compiled = op_seconds(quality_runtime, args, reference=False)
     reference = op_seconds(quality_runtime, args, reference=True)
     print("\n| op (one step's calls) | reference ms | compiled ms | compiled share of a quality step |")
@@ -218,12 +227,12 @@ def main() -> None:
     total = sum(compiled.values())
     print(f"| all four | {sum(reference.values()) * 1e3:.3f} | {total * 1e3:.3f} | {total / step_s:.2%} |")
 
-    barrier, quality = state_of(runs["barrier"][0]), state_of(runs["quality"][0])
+    barrier, quality = state_of(runs[("barrier", 1)][0]), state_of(runs[("quality", 2)][0])
     difference = largest_difference(quality, barrier)
     if args.device == "cpu":
         print(f"\nquality equals barrier bit for bit: {difference == 0.0} (largest |diff| {difference:g})")
         sys.exit(0 if difference == 0.0 else 1)
-    noise = largest_difference(state_of(train("barrier", args)[0]), barrier)
+    noise = largest_difference(state_of(train("barrier", 1, args)[0]), barrier)
     print(f"\nquality vs barrier largest |diff| {difference:g}; barrier vs barrier {noise:g} (gsplat's atomics); "
           f"quality within barrier's own spread: {difference <= noise}")
     sys.exit(0 if difference <= noise else 1)
