@@ -148,9 +148,9 @@ def run_step(
 ) -> None:
     """Run the local workers' tasks of ``step`` (``step_tasks[w]``: worker w's tasks, possibly none).
 
-    Workers take turns in worker order, each reading one task per turn while a lane is free and putting it in
-    flight (:func:`start_next`); what the lanes finished is staged after each turn (with one lane, the default,
-    each task is rendered and staged in its worker's turn). In a round in which none could read, the driver waits
+    Workers take turns in worker order, each reading tasks in its turn while a lane is free and putting them in
+    flight (:func:`start_next`); with one lane (the default) a worker's turn reads, renders and stages one task,
+    with several the round's reads start together and what finished is staged after the round. In a round in which none could read, the driver waits
     for a lane in flight; with none, a worker may run one task of ``ahead`` (:func:`run_ahead`), else
     :func:`unblock` blocks on the next publication. Every task of the step is staged when it returns.
 
@@ -197,9 +197,12 @@ def run_step(
     while any(me.remaining for me in workers):
         published, progressed = runtime.published_through, False
         for me in workers:
-            if me.remaining and runtime.lanes.free and start_next(runtime, me):
+            while me.remaining and runtime.lanes.free and start_next(runtime, me):
                 progressed = True
-            progressed = runtime.collect() or progressed
+            if runtime.lanes.count == 1:  # its read rendered in its turn: staged before the next worker reads
+                runtime.collect()
+        # Several lanes: the round's reads start together (the last on this thread), then what finished is staged.
+        progressed = runtime.collect() or progressed
         if first_round:
             first_round = False
             streak.saw(_conflicted(runtime, workers, behind))

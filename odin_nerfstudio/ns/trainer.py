@@ -327,8 +327,7 @@ class OdinTrainer(Trainer):
         counters = self.runtime.counters
         figures = {}
         if timeline:
-            timeline = self.runtime.timeline
-            self._meter.consume(timeline.events, timeline.recorded)
+            self._meter.consume(*self.runtime.timeline.snapshot())
             figures = live_scalars(self._meter.metrics(counters))
         return {
             "gaussian_count": float(self.runtime.num_primitives),

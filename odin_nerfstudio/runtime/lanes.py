@@ -1,14 +1,18 @@
 """Lanes: up to ``tasks_in_flight`` admitted tasks rendering at once in one process (the paper's B_gpu).
 
-A lane is a thread (on CUDA with its own stream) that runs one admitted read's gather, render and backward. The
-driver's thread keeps every decision: it reads (culls, checks against pending writes, declares), stages what a lane
+A lane runs one admitted read's gather, render and backward: the driver's own thread is one lane, ``count - 1``
+threads (on CUDA each with its own stream) are the others. A round of the driver's reads starts together
+(:meth:`Lanes.dispatch`): all but the last on lane threads, the last on the driver's thread meanwhile, so a
+process with a single task to run renders it where it would without lanes (a lane thread would only add an idle
+driver, whose OpenMP workers, still spinning after its last op, take a core from the render). The driver's thread
+keeps every decision: it reads (culls, checks against pending writes, declares), stages what a lane
 finished, validates, exchanges and publishes. A publication therefore runs beside the lanes' gathers, the case the
 kernels' seqlocks exist for: a gather reads each row whole, old or new, and reads a row a publication holds again
 once it is released (``ShadowGraph.gather``); validation then judges the read as it would any other. Torch
 releases the GIL inside its ops, so two renders share the cores. Each lane runs torch at the driver's intra-op
 thread count, so a task renders to the same bits on whichever thread runs it.
 
-With one lane (the default) nothing runs on another thread: a read renders at once on the driver's thread.
+With one lane (the default) nothing runs on another thread: a read renders at once, when it starts.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ thread, which may then publish between render and backward)."""
 
 
 class Lanes:
-    """The tasks in flight of one process: started in order, handed back (with their render's info) as they finish.
+    """The tasks in flight of one process: started in rounds, handed back (with their render's info) as they finish.
 
     Args:
         work: what a lane runs for a read (:data:`LaneWork`).
-        count: the lanes, ``tasks_in_flight`` (1: none on another thread).
+        count: the lanes, ``tasks_in_flight``: the driver's thread and ``count - 1`` threads.
         device: the model's device (on CUDA each lane has its own stream).
         timeout_s: the longest the driver waits for a lane (then TimeoutError naming the tasks in flight).
     """
@@ -45,14 +49,15 @@ class Lanes:
         self.device = device
         self.timeout_s = timeout_s
         self._pool: futures.ThreadPoolExecutor | None = None
+        self._queued: list[Read] = []
         self._running: list[tuple[Read, futures.Future]] = []
         self._done: list[tuple[Read, dict[str, Any]]] = []
-        self._streams: dict[int, torch.cuda.Stream] = {}
+        self._thread = threading.local()  # on CUDA: each lane thread's stream
 
     @property
     def in_flight(self) -> int:
         """Reads started and not yet handed back."""
-        return len(self._running) + len(self._done)
+        return len(self._queued) + len(self._running) + len(self._done)
 
     @property
     def free(self) -> bool:
@@ -60,24 +65,35 @@ class Lanes:
         return self.in_flight < self.count
 
     def start(self, read: Read) -> None:
-        """Start ``read``'s gather, render and backward on a lane (with one lane: now, on this thread)."""
+        """Start ``read``'s gather, render and backward: with one lane now, on this thread; else with this round's
+        other reads, at the next :meth:`dispatch`."""
         if self.count == 1:
             self._done.append((read, self.work(read, True)))
+        else:
+            self._queued.append(read)
+
+    def dispatch(self) -> None:
+        """Start the round's reads: all but the last on lane threads, then the last on this thread (now)."""
+        if not self._queued:
             return
-        if self._pool is None:
+        queued, self._queued = self._queued, []
+        if len(queued) > 1 and self._pool is None:
             threads = torch.get_num_threads()
             self._pool = futures.ThreadPoolExecutor(
-                self.count, "odin-lane", initializer=torch.set_num_threads, initargs=(threads,)
+                self.count - 1, "odin-lane", initializer=torch.set_num_threads, initargs=(threads,)
             )
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))  # what the driver queued before: its publications
-        self._running.append((read, self._pool.submit(self._run, read, ready)))
+        for read in queued[:-1]:
+            driver = ready = None
+            if self.device.type == "cuda":
+                driver, ready = torch.cuda.current_stream(self.device), torch.cuda.Event()
+                ready.record(driver)  # what the driver queued before: its publications
+            self._running.append((read, self._pool.submit(self._run, read, driver, ready)))
+        self._done.append((queued[-1], self.work(queued[-1], True)))
 
     def finished(self, block: bool = False) -> list[tuple[Read, dict[str, Any]]]:
-        """The reads whose backward is done, in start order, with their render's info; ``block``: wait for one
-        first (bounded by ``timeout_s``) if none is. A lane's exception is raised here."""
+        """:meth:`dispatch`, then the reads whose backward is done, in start order, with their render's info;
+        ``block``: wait for one first (bounded by ``timeout_s``) if none is. A lane's exception is raised here."""
+        self.dispatch()
         if block and self._running and not self._done and not any(f.done() for _, f in self._running):
             waited = futures.wait([f for _, f in self._running], self.timeout_s, futures.FIRST_COMPLETED)
             if not waited.done:
@@ -93,16 +109,20 @@ class Lanes:
         self._running = still
         return out
 
-    def _run(self, read: Read, ready: torch.cuda.Event | None) -> tuple[dict[str, Any], torch.cuda.Event | None]:
-        """A lane's work for ``read``; on CUDA on the lane's stream, after what the driver queued before it."""
-        if ready is None:
+    def _run(
+        self, read: Read, driver: torch.cuda.Stream | None, ready: torch.cuda.Event | None
+    ) -> tuple[dict[str, Any], torch.cuda.Event | None]:
+        """A lane thread's work for ``read``; on CUDA on the thread's stream, after what the ``driver`` stream
+        queued before it (``ready``)."""
+        if driver is None:
             return self.work(read, False), None
-        stream = self._streams.setdefault(threading.get_ident(), torch.cuda.Stream(self.device))
+        if not hasattr(self._thread, "stream"):
+            self._thread.stream = torch.cuda.Stream(self.device)
+        stream = self._thread.stream
         with torch.cuda.stream(stream):
             stream.wait_event(ready)
             info = self.work(read, False)
             # The driver's stream uses the leaves' gradients and the info: keep their memory until it is done.
-            driver = torch.cuda.default_stream(self.device)
             for tensor in [*read.leaves.values(), *(leaf.grad for leaf in read.leaves.values()), *info.values()]:
                 if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
                     tensor.record_stream(driver)

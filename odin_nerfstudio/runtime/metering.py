@@ -56,6 +56,8 @@ class RuntimeCounters:
         validation_failures: failures per kind ("stale", "candidate", "escape").
         reruns: tasks re-run on fresh state after a validation failure.
         reordered: reads where dynamic ordering ran a later task of the worker's step first.
+        overlapped_reads: reads admitted while the step before theirs was unpublished (the overlap Odin exists for;
+            never in barrier mode).
         ran_ahead: reads of a task of the worker's next step while its current step's tasks waited
             (``drivers/step_loop.py``'s running ahead).
         read_behind: steps whose reads waited for the step before to be published before trying
@@ -89,6 +91,7 @@ class RuntimeCounters:
     validation_failures: dict[str, int] = field(default_factory=dict)
     reruns: int = 0
     reordered: int = 0
+    overlapped_reads: int = 0
     ran_ahead: int = 0
     read_behind: int = 0
     behind_conflicts: int = 0
@@ -166,9 +169,10 @@ class Meter:
         """``worker`` could not read (a wait begins, unless one is already open)."""
         self._wait_since.setdefault(worker, (self.timeline.now(), wait))
 
-    def read(self, task: Task, reordered: bool) -> None:
+    def read(self, task: Task, reordered: bool, overlapped: bool = False) -> None:
         """``task`` was admitted: close its worker's open wait on the timeline (with its reason and the
-        primitives waited on) and count a read that dynamic ordering took out of task order."""
+        primitives waited on), count a read that dynamic ordering took out of task order and one that read while
+        the step before its own was unpublished."""
         if task.worker in self._wait_since:
             since, wait = self._wait_since.pop(task.worker)
             args = {
@@ -179,6 +183,7 @@ class Meter:
             }
             self.timeline.record("wait", task.worker, task.step, since, args)
         self.counters.reordered += reordered
+        self.counters.overlapped_reads += overlapped
 
     def render_and_backward(
         self,

@@ -242,7 +242,7 @@ class OdinRuntime:
             if isinstance(result, Wait):
                 first_wait = first_wait or result
                 continue
-            self.meter.read(task, reordered=position > 0)
+            self.meter.read(task, reordered=position > 0, overlapped=task.step - 1 > self.published_through)
             return result
         self.meter.waiting(tasks[0].worker, first_wait)
         return first_wait

@@ -121,6 +121,7 @@ def test_two_tasks_in_flight_per_gloo_rank_equal_the_barrier_across_a_densificat
         counters = json.loads((run / f"odin_counters_rank{rank}.json").read_text())
         assert counters["most_in_flight"] == 2, f"rank {rank} never had two tasks in flight: {counters}"
         assert counters["waits"].get("raw", 0) > 0, f"rank {rank}'s reads never met an unpublished step: {counters}"
+        assert counters["overlapped_reads"] > 0, f"rank {rank} never read beside an unpublished step: {counters}"
     ranks, virtual = final_state(tmp_path, "ranks"), final_state(tmp_path, "virtual")
     seeded = import_pycolmap().Reconstruction(str(scene / "sparse" / "0")).num_points3D()
     assert ranks["pipeline"]["_model.gauss_params.means"].shape[0] != seeded, "no densification changed the model"

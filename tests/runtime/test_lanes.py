@@ -90,7 +90,9 @@ def test_a_row_held_past_the_timeout_stops_the_gather_naming_it() -> None:
 
 
 def test_a_lane_hands_back_reads_in_start_order_and_raises_its_errors() -> None:
-    """Two lanes: a read is handed back once its lane finished, whichever started first; an exception in a lane is raised on the driver's thread; a lane that never finishes times out naming its task."""
+    """Two lanes: a round's first read renders on the lane thread, its last on the driver's (so it is done first); a
+    read is handed back once its lane finished; an exception in a lane is raised on the driver's thread; a lane that
+    does not finish in time is named."""
 
     class Fake:
         def __init__(self, key, delay, error=None):
@@ -108,7 +110,7 @@ def test_a_lane_hands_back_reads_in_start_order_and_raises_its_errors() -> None:
     lanes.start(Fake("b", 0.0))
     assert not lanes.free and lanes.in_flight == 2
     first = [info["key"] for _, info in lanes.finished(block=True)]
-    assert first == ["b"], "b finished first and is handed back alone"
+    assert first == ["b"], "b rendered on the driver's thread while a rendered on the lane's"
     time.sleep(0.15)
     assert [info["key"] for _, info in lanes.finished()] == ["a"] and lanes.in_flight == 0
     lanes.start(Fake("c", 0.0, ValueError("render failed")))
@@ -117,6 +119,8 @@ def test_a_lane_hands_back_reads_in_start_order_and_raises_its_errors() -> None:
             lanes.finished(block=True)
     slow = Lanes(work, 2, torch.device("cpu"), timeout_s=0.1)
     slow.start(Fake("d", 1.0))
+    slow.start(Fake("e", 0.0))
+    assert [info["key"] for _, info in slow.finished(block=True)] == ["e"]
     with pytest.raises(TimeoutError, match=r"tasks \['d'\] still rendering"):
         slow.finished(block=True)
     lanes.close()
