@@ -6,15 +6,16 @@ stages, validates and publishes beside them. On the CPU, torch releases the GIL 
 Python-bound stretches (the pure-torch rasterizer's many small ops) overlap the other task's ops. Quality-first
 with two lanes must still end bit-identical to the barrier with one.
 
-Run: odin-splat through ``OdinTrainer`` (what ``ns-train`` runs), in this process, on W = 2 virtual workers with
-B = 1 (a step's two tasks in flight at once; the rest of odin-splat's defaults), at this machine's default torch thread count (each
-lane runs at the same count), no viewer or evaluation, ``--iterations`` schedule steps, its densification and
+Run: odin-splat through ``OdinTrainer`` (what ``ns-train`` runs), in this process, on ``--workers`` virtual
+workers with B = 1 (W = 1, odin-splat's default in one process: a step's task and the next step's reads beside it;
+W = 2: also a step's two tasks at once), at this machine's default torch thread count (each lane runs at the same
+count), no viewer or evaluation, ``--iterations`` schedule steps, its densification and
 escape checks as configured. Variants: barrier and quality, each with 1 and 2 lanes, in ``--rounds`` rounds (odd
 rounds in the reverse order, so a drift of the machine's speed favours neither). Figures per variant (medians
 over rounds): views/s from the run's timeline (views over the span from the first event to the last), render +
 backward per task (summed over the lanes: two renders side by side each take longer), bookkeeping per task, and
-the lanes' counters (most tasks in flight, gathers that ran beside a publication, rows read again because a
-publication held them); the speed-up is 2 lanes over 1 within each round, its median with every round's value.
+the lanes' counters (most tasks in flight, reads made while the step before was unpublished, gathers that ran
+beside a publication, rows read again because a publication held them); the speed-up is 2 lanes over 1 within each round, its median with every round's value.
 Scenes: the synthetic street (``odin-synth`` street, 24 views) and fern (the shared COLMAP scene, where present).
 
 Usage: ``python benchmarks/bench_lanes.py [--iterations 40] [--rounds 3] [--quick]``; ``--quick`` runs the street
@@ -72,6 +73,7 @@ class LaneRun:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=40, help="schedule steps per run")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="W, virtual workers (B = 1)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds: every variant runs once per round")
     parser.add_argument("--fern", type=Path, default=SHARED_DATA / "fern", help="the fern COLMAP scene ('' skips)")
     parser.add_argument("--quick", action="store_true", help="the street for a few steps, one round, print only")
@@ -79,21 +81,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     if args.quick:
-        args.iterations, args.rounds, args.fern, args.no_write = 6, 1, None, True
+        args.iterations, args.rounds, args.fern, args.workers, args.no_write = 6, 1, None, [2], True
     elif args.fern is not None and str(args.fern) and not (args.fern / "sparse" / "0").is_dir():
         print(f"fern skipped: no COLMAP model at {args.fern}/sparse/0 (set ODIN_SHARED_DATA)")
         args.fern = None
     return args
 
 
-def trainer_config(scene: Path, output: Path, iterations: int, mode: str, lanes: int):
-    """odin-splat on CPU on 2 virtual workers, its other defaults, no viewer, evaluation or checkpoint before the
-    end."""
+def trainer_config(scene: Path, output: Path, iterations: int, workers: int, mode: str, lanes: int):
+    """odin-splat on CPU on ``workers`` virtual workers, its other defaults, no viewer, evaluation or checkpoint
+    before the end."""
     from odin_nerfstudio.method_configs.odin_splat import odin_splat
 
     config = copy.deepcopy(odin_splat.config)
     config.pipeline.datamanager.data = scene
-    config.pipeline.datamanager.num_workers = 2
+    config.pipeline.datamanager.num_workers = workers
     config.runtime.mode = mode
     config.runtime.tasks_in_flight = lanes
     config.machine.device_type = "cpu"
@@ -106,11 +108,13 @@ def trainer_config(scene: Path, output: Path, iterations: int, mode: str, lanes:
     return config
 
 
-def train(scene: Path, folder: Path, iterations: int, mode: str, lanes: int, round_: int) -> LaneRun:
-    """One run of ``mode`` with ``lanes`` tasks in flight; its figures and final state."""
+def train(scene: Path, folder: Path, args: argparse.Namespace, workers: int, variant: tuple, round_: int) -> LaneRun:
+    """One run of ``variant`` (mode, tasks in flight) on ``workers`` workers; its figures and final state."""
     import dataclasses
 
-    config = trainer_config(scene, folder / f"{scene.name}-{mode}-{lanes}-{round_}", iterations, mode, lanes)
+    mode, lanes = variant
+    output = folder / f"{scene.name}-{workers}-{mode}-{lanes}-{round_}"
+    config = trainer_config(scene, output, args.iterations, workers, mode, lanes)
     torch.manual_seed(0)
     trainer = config.setup(local_rank=0, world_size=1)
     trainer.setup()
@@ -132,14 +136,14 @@ def identical(a: LaneRun, b: LaneRun) -> bool:
     return a.state.keys() == b.state.keys() and all(torch.equal(a.state[k], b.state[k]) for k in a.state)
 
 
-def run_scene(scene: Path, args: argparse.Namespace, folder: Path) -> list[LaneRun]:
-    """Every variant once per round on ``scene``, odd rounds reversed."""
+def run_scene(scene: Path, args: argparse.Namespace, folder: Path, workers: int) -> list[LaneRun]:
+    """Every variant once per round on ``scene`` with ``workers`` workers, odd rounds reversed."""
     runs = []
     for round_ in range(args.rounds):
         order = VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]
-        for mode, lanes in order:
-            run = train(scene, folder, args.iterations, mode, lanes, round_)
-            print(f"{scene.name} round {round_} {run.name}: {run.views_per_s:.2f} views/s", flush=True)
+        for variant in order:
+            run = train(scene, folder, args, workers, variant, round_)
+            print(f"{scene.name} W={workers} round {round_} {run.name}: {run.views_per_s:.2f} views/s", flush=True)
             runs.append(run)
     return runs
 
@@ -164,6 +168,8 @@ def scene_table(name: str, runs: list[LaneRun]) -> list[str]:
          lambda rs: f"{median_of(rs, lambda r: r.per_task_ms('render_ns', 'backward_ns')):.1f}"),
         ("bookkeeping per task (ms)", lambda rs: f"{median_of(rs, lambda r: r.per_task_ms('bookkeeping_ns')):.2f}"),
         ("most tasks in flight", lambda rs: str(max(r.counters["most_in_flight"] for r in rs))),
+        ("reads beside an unpublished step, per task",
+         lambda rs: f"{median_of(rs, lambda r: r.counters['overlapped_reads'] / r.counters['tasks']):.2f}"),
         ("gathers beside a publication (all rounds)",
          lambda rs: str(sum(r.counters["gathers_beside_publication"] for r in rs))),
         ("rows re-read, held by a publication", lambda rs: str(sum(r.counters["locked_rereads"] for r in rs))),
@@ -192,7 +198,7 @@ def report(args: argparse.Namespace, command: str, scenes: dict[str, list[LaneRu
         f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}.",
         f"Command: `{command}`; {time.strftime('%Y-%m-%d %H:%M')}.",
         "",
-        f"odin-splat through the trainer on W = 2 virtual workers (B = 1) for {args.iterations} schedule steps, "
+        f"odin-splat through the trainer on W virtual workers (B = 1) for {args.iterations} schedule steps, "
         f"medians over {args.rounds} rounds; views/s from each run's timeline.",
         "",
     ]
@@ -208,9 +214,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         street = make_scene(SynthConfig(preset="street", output=folder / "street"))
-        scenes["synthetic street (24 views)"] = run_scene(street, args, folder)
-        if args.fern is not None:
-            scenes["fern (20 views)"] = run_scene(args.fern, args, folder)
+        for workers in args.workers:
+            scenes[f"synthetic street (24 views), W = {workers}"] = run_scene(street, args, folder, workers)
+            if args.fern is not None:
+                scenes[f"fern (20 views), W = {workers}"] = run_scene(args.fern, args, folder, workers)
     publish(NAME, report(args, command, scenes), None if args.no_write else args.output)
 
 
