@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import platform
 import shlex
@@ -110,8 +111,6 @@ def trainer_config(scene: Path, output: Path, iterations: int, workers: int, mod
 
 def train(scene: Path, folder: Path, args: argparse.Namespace, workers: int, variant: tuple, round_: int) -> LaneRun:
     """One run of ``variant`` (mode, tasks in flight) on ``workers`` workers; its figures and final state."""
-    import dataclasses
-
     mode, lanes = variant
     output = folder / f"{scene.name}-{workers}-{mode}-{lanes}-{round_}"
     config = trainer_config(scene, output, args.iterations, workers, mode, lanes)

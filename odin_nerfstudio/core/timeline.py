@@ -71,11 +71,6 @@ class Timeline:
             self._total_ns[name] += event.end_ns - event.start_ns
         return event
 
-    def snapshot(self) -> tuple[list[Event], int]:
-        """The kept events and :attr:`recorded`, read together while lanes may record."""
-        with self._lock:
-            return list(self.events), self.recorded
-
     @property
     def dropped(self) -> int:
         """Events recorded but no longer kept (the oldest)."""

@@ -4,9 +4,9 @@ A trainer iteration is one step of the schedule. A process runs the tasks of its
 the schedule when W virtual workers share the process, or its own worker when each rank is one worker). Workers
 take turns; a worker whose next read must wait (a conflicting publication, the ring, the barrier) yields its
 turn, and when no local worker can proceed the driver blocks on the next publication, which in a distributed run
-needs the other ranks' updates, for at most the runtime's ``wait_timeout_s``. With ``tasks_in_flight`` lanes a
-worker's turn puts its read on a free lane (gather, render, backward on another thread) and the driver stages what
-the lanes finished after each turn, so up to that many tasks render at once beside the driver's publications. The
+needs the other ranks' updates, for at most the runtime's ``wait_timeout_s``. With ``tasks_in_flight`` lanes the
+workers read while a lane is free and the round's reads start together (the last on the driver's thread, the
+others on lane threads), so up to that many tasks render at once beside the driver's publications. The
 iteration returns once its tasks are staged and their exchange started, not published: the next step may read
 while it is in flight.
 
@@ -97,27 +97,29 @@ def turn(runtime: OdinRuntime, me: Worker) -> bool:
         return True
     if not me.remaining:
         return False
-    result = runtime.read_next(me.remaining)
-    if isinstance(result, Wait):
-        me.last_wait = result
-        return False
-    me.remaining.remove(result.task)
-    me.in_flight = result
-    me.first_read = me.first_read or result
-    return True
+    me.in_flight = _read(runtime, me)
+    return me.in_flight is not None
 
 
 def start_next(runtime: OdinRuntime, me: Worker) -> bool:
     """Read the first of worker ``me``'s remaining tasks that may read (dynamic ordering) and put it in flight on a
     lane (``OdinRuntime.start``: gather, render, backward); returns whether it read."""
-    result = runtime.read_next(me.remaining, gather=False)
+    read = _read(runtime, me, gather=False)
+    if read is not None:
+        runtime.start(read)
+    return read is not None
+
+
+def _read(runtime: OdinRuntime, me: Worker, gather: bool = True) -> Read | None:
+    """The read of the first of ``me``'s remaining tasks that may read, taken off its list (None: ``me.last_wait``
+    says why none may); ``gather`` False leaves the gather to the lane."""
+    result = runtime.read_next(me.remaining, gather)
     if isinstance(result, Wait):
         me.last_wait = result
-        return False
+        return None
     me.remaining.remove(result.task)
     me.first_read = me.first_read or result
-    runtime.start(result)
-    return True
+    return result
 
 
 def plan_short_step(runtime: OdinRuntime, step: int, step_tasks: Sequence[Sequence[Task]]) -> None:
@@ -150,9 +152,9 @@ def run_step(
 
     Workers take turns in worker order, each reading tasks in its turn while a lane is free and putting them in
     flight (:func:`start_next`); with one lane (the default) a worker's turn reads, renders and stages one task,
-    with several the round's reads start together and what finished is staged after the round. In a round in which none could read, the driver waits
-    for a lane in flight; with none, a worker may run one task of ``ahead`` (:func:`run_ahead`), else
-    :func:`unblock` blocks on the next publication. Every task of the step is staged when it returns.
+    with several the round's reads start together and what finished is staged after the round. In a round in
+    which none could read, the driver waits for a lane in flight; with none, a worker may run one task of
+    ``ahead`` (:func:`run_ahead`), else :func:`unblock` blocks on the next publication. Every task of the step is staged when it returns.
 
     ``ahead``: step + 1's local tasks, or None where the caller forbids running ahead (a structural change,
     evaluation, checkpoint or replica check follows this step, or it is the last). ``started``: keys of this step's

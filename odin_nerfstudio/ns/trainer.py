@@ -327,7 +327,8 @@ class OdinTrainer(Trainer):
         counters = self.runtime.counters
         figures = {}
         if timeline:
-            self._meter.consume(*self.runtime.timeline.snapshot())
+            timeline = self.runtime.timeline
+            self._meter.consume(timeline.events, timeline.recorded)
             figures = live_scalars(self._meter.metrics(counters))
         return {
             "gaussian_count": float(self.runtime.num_primitives),

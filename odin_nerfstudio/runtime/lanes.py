@@ -91,8 +91,9 @@ class Lanes:
         self._done.append((queued[-1], self.work(queued[-1], True)))
 
     def finished(self, block: bool = False) -> list[tuple[Read, dict[str, Any]]]:
-        """:meth:`dispatch`, then the reads whose backward is done, in start order, with their render's info;
-        ``block``: wait for one first (bounded by ``timeout_s``) if none is. A lane's exception is raised here."""
+        """:meth:`dispatch`, then the reads whose backward is done with their render's info (the driver's own first,
+        then the lane threads' in start order); ``block``: wait for one first (bounded by ``timeout_s``) if none
+        is. A lane's exception is raised here."""
         self.dispatch()
         if block and self._running and not self._done and not any(f.done() for _, f in self._running):
             waited = futures.wait([f for _, f in self._running], self.timeout_s, futures.FIRST_COMPLETED)

@@ -230,8 +230,8 @@ def bookkeeping(hook: _Hook) -> _Hook:
     """Time a runtime hook into ``meter.counters.bookkeeping_ns``: Odin's own cost per step, which must stay small.
 
     Only the outermost hook call of a thread is timed (after_backward -> progress -> publish and read_next ->
-    before_read count once; a lane's gather on its own thread counts apart), and the render and backward time of re-runs executed inside it is subtracted, as is its time in
-    the transport (``comm_ns``: sending, and waiting for the other workers), so the counter holds the runtime's
+    before_read count once; a lane's gather on its own thread counts apart), and the render and backward time of
+    re-runs executed inside it is subtracted, as is its time in the transport (``comm_ns``: sending, and waiting for the other workers), so the counter holds the runtime's
     culling, conflict checks, gathers, staging, validation and publications, never the renderer's work nor
     communication. On CUDA the hook's kernels queued on the current stream are waited for before the clock stops
     (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to the next render.

@@ -26,7 +26,8 @@ or one worker per rank (other ranks' writes are caught by validation or predicte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -426,11 +427,8 @@ class OdinRuntime:
         self.publisher.check_order(step)
         start = self.timeline.now()
         merged = self.exchange.collect(step, self.config.wait_timeout_s)
-        self._publishing += 1
-        try:
+        with self._publication():
             rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
-        finally:
-            self._publishing += 1
         self.index.update(rows, means, scales)
         slot = self.shadow.free(step)
         self.tables.settle(merged.rows, slot.declared_sets(), step)
@@ -449,14 +447,20 @@ class OdinRuntime:
         (exactly known now) until :meth:`publish`. A read then sees these rows' new values; validation knows it
         (``ReadRecord.early``)."""
         start = self.timeline.now()
-        self._publishing += 1
-        try:
+        with self._publication():
             rows, means, scales = self.publisher.apply_first(step, first, self.tables.seq)
-        finally:
-            self._publishing += 1
         self.index.update(rows, means, scales)
         self.counters.first_publications += 1
         self.timeline.record("publish", -1, step, start, {"rows": rows.numel(), "first": True})
+
+    @contextlib.contextmanager
+    def _publication(self) -> Iterator[None]:
+        """Mark a publication writing the model (``_publishing`` odd meanwhile), for gathers beside it."""
+        self._publishing += 1
+        try:
+            yield
+        finally:
+            self._publishing += 1
 
     def await_publication(self, timeout: float) -> bool:
         """Block until the next step's first part (where it was asked for and is not published yet) or its whole

@@ -89,7 +89,7 @@ def test_a_row_held_past_the_timeout_stops_the_gather_naming_it() -> None:
         ShadowGraph(ring_slots=2).gather(params, torch.tensor([2, 4]), seq, concurrent=True, timeout_s=0.2)
 
 
-def test_a_lane_hands_back_reads_in_start_order_and_raises_its_errors() -> None:
+def test_lanes_hand_back_finished_reads_and_raise_their_errors() -> None:
     """Two lanes: a round's first read renders on the lane thread, its last on the driver's (so it is done first); a
     read is handed back once its lane finished; an exception in a lane is raised on the driver's thread; a lane that
     does not finish in time is named."""
