@@ -1,10 +1,11 @@
 """`odin-train`: ns-train under torchrun, so that multi-process runs work on CPU (gloo) as well as on CUDA (NCCL).
 
 nerfstudio's own launcher asserts CUDA for more than one process. Under torchrun every process runs this entry
-point: it parses the same command line as ns-train, joins the process group torchrun describes (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR and MASTER_PORT in the environment; NCCL on CUDA, gloo on CPU), takes rank 0's timestamp so
-that every rank writes to one run folder, seeds every rank alike and trains. Without torchrun's environment it is
-ns-train. One process per schedule worker (leave `--pipeline.datamanager.num-workers` unset)::
+point: it parses ns-train's command line for the methods plugins register, joins the process group torchrun
+describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in the environment; NCCL on CUDA, gloo on CPU),
+takes rank 0's timestamp so that every rank writes to one run folder, seeds every rank alike and trains. Without
+torchrun's environment it is ns-train. One process per schedule worker (leave `--pipeline.datamanager.num-workers`
+unset)::
 
     torchrun --nproc-per-node 2 --no-python odin-train odin-splat --data data/synth-street --machine.device-type cpu
 """
@@ -25,9 +26,8 @@ import torch
 import torch.distributed as dist
 import tyro
 import yaml
-from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
 from nerfstudio.engine.trainer import TrainerConfig
-from nerfstudio.scripts import train as ns_train
+from nerfstudio.plugins.registry import discover_methods
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.liveness import SILENCE_S, Heartbeat
@@ -44,7 +44,7 @@ JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 def entrypoint() -> None:
     """Console script: parse ns-train's command line, then train in this process (one rank of torchrun)."""
     tyro.extras.set_accent_color("bright_yellow")
-    config = tyro.cli(AnnotatedBaseConfigUnion, description=__doc__.splitlines()[0])
+    config = tyro.cli(plugin_methods(), description=__doc__.splitlines()[0])
     try:
         check_options(config)
     except OptionError as error:
@@ -53,9 +53,25 @@ def entrypoint() -> None:
     main(config)
 
 
+def plugin_methods() -> type:
+    """tyro's union over the methods plugins register (odin-splat and its kin), each with its defaults.
+
+    Not nerfstudio's `AnnotatedBaseConfigUnion`: building that (its catalogue of installable external methods calls
+    `inspect.stack()` per entry) takes 5 s and more per process, paid by every rank of every launch.
+    """
+    methods, descriptions = discover_methods()
+    return tyro.conf.SuppressFixed[
+        tyro.conf.FlagConversionOff[
+            tyro.extras.subcommand_type_from_defaults(defaults=dict(sorted(methods.items())), descriptions=descriptions)
+        ]
+    ]
+
+
 def main(config: TrainerConfig) -> None:
     """Train ``config`` as the rank torchrun's environment names, or as ns-train when there is none."""
     if "WORLD_SIZE" not in os.environ:
+        from nerfstudio.scripts import train as ns_train  # builds nerfstudio's method catalogue: only here
+
         exit_on_sigterm("odin-train")
         ns_train.main(config)
         return
