@@ -17,11 +17,11 @@ object, every view sees most of it), run with ``--dense-modes``; nerfstudio hold
 
 Run: per scene, interconnect and variant, ``torchrun --nproc-per-node W --no-python odin-train odin-splat ...
 --interconnect LINK`` (gloo on CPU, one torch thread per rank, NCCL with ``--device cuda``), ``--iterations``
-schedule steps, then ``ns-eval`` on rank 0's last checkpoint. ``--interconnect none,10gbe`` runs every variant on
-plain loopback and again behind the emulated 10 GbE-class link (``odin_nerfstudio.comm.link``: every exchange
-delayed by latency + bytes / bandwidth, the same for every mode). Figures come from each rank's
-``odin_timeline_rank<r>.json`` (Chrome trace) and ``odin_counters_rank<r>.json``, computed as
-``odin_nerfstudio.core.timeline_metrics`` defines them: views/s over the longest rank's span, the wait-free bound
+schedule steps, then ns-eval's ``ComputePSNR`` (in this process) on rank 0's last checkpoint.
+``--interconnect none,10gbe`` runs every variant on plain loopback and again behind the emulated 10 GbE-class link
+(``odin_nerfstudio.comm.link``: every exchange delayed by latency + bytes / bandwidth, the same for every mode).
+Figures come from each rank's ``odin_timeline_rank<r>.json`` (Chrome trace) and ``odin_counters_rank<r>.json``,
+computed as ``odin_nerfstudio.core.timeline_metrics`` defines them: views/s over the longest rank's span, the wait-free bound
 (views over the largest per-rank compute: render, backward, bookkeeping) and the share of it reached, idle and
 exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per view, that a mode removes, against
 the barrier run on the same scene and interconnect), conflicting tasks and re-runs per task, stale reads and their
@@ -241,7 +241,7 @@ def train_mode(
     wall = time.perf_counter() - start
     run_dir = folder / name / "odin-splat" / "run"
     eval_json = folder / f"{name}-eval.json"
-    run([str(BIN / "ns-eval"), "--load-config", str(run_dir / "config.yml"), "--output-path", str(eval_json)], 600)
+    evaluate(run_dir / "config.yml", eval_json)
     metrics, events = load_run(run_dir)
     if args.timeline_dir is not None:
         args.timeline_dir.mkdir(parents=True, exist_ok=True)
@@ -249,6 +249,14 @@ def train_mode(
     counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in range(args.workers)]
     psnr = json.loads(eval_json.read_text())["results"]["psnr"]
     return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr, round_)
+
+
+def evaluate(config: Path, output: Path) -> None:
+    """ns-eval's ``ComputePSNR`` on a run's last checkpoint, in this process: the command's own code, without
+    paying nerfstudio's start-up (over 10 s on 2 cores) once per run."""
+    from nerfstudio.scripts.eval import ComputePSNR
+
+    ComputePSNR(load_config=config, output_path=output).main()
 
 
 def _last_error(text: str) -> str:
@@ -327,7 +335,10 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ),
         ("tasks run ahead (next step's, while this one waited)", str(sum(c["ran_ahead"] for c in run.counters))),
         ("steps read behind (after a streak of conflicts), those that met one", behind(run)),
-        ("priority publication: steps published in two parts; reads of a first part; steps committed early", early(run)),
+        (
+            "priority publication: steps published in two parts; reads of a first part; steps committed early",
+            early(run),
+        ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),
         ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.typical.psnr - 1:+.1%}"),
@@ -374,7 +385,7 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             f"{args.street_length:.0f} m, {args.gaussians:,} procedural Gaussians, {args.points:,} offered as SfM "
             "points; the dense scene, odin-synth's object preset (24 views around a torus and a ball). Every 8th view "
             f"held out. {args.iterations} schedule steps per run through `torchrun ... odin-train odin-splat`, then "
-            "`ns-eval`. Variants: "
+            "ns-eval's `ComputePSNR`. Variants: "
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them."
         ),
