@@ -21,11 +21,11 @@ schedule steps, then ns-eval's ``ComputePSNR`` (in this process) on rank 0's las
 ``--interconnect none,10gbe`` runs every variant on plain loopback and again behind the emulated 10 GbE-class link
 (``odin_nerfstudio.comm.link``: every exchange delayed by latency + bytes / bandwidth, the same for every mode).
 Figures come from each rank's ``odin_timeline_rank<r>.json`` (Chrome trace) and ``odin_counters_rank<r>.json``,
-computed as ``odin_nerfstudio.core.timeline_metrics`` defines them: views/s over the longest rank's span, the wait-free bound
-(views over the largest per-rank compute: render, backward, bookkeeping) and the share of it reached, idle and
-exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per view, that a mode removes, against
-the barrier run on the same scene and interconnect), conflicting tasks and re-runs per task, stale reads and their
-staleness. ``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
+computed as ``odin_nerfstudio.core.timeline_metrics`` defines them: views/s over the longest rank's span, the
+wait-free bound (views over the largest per-rank compute: render, backward, bookkeeping) and the share of it
+reached, idle and exposed wait per rank, the hidden wait (share of the barrier's exposed wait, per view, that a mode
+removes, against the barrier run on the same scene and interconnect), conflicting tasks and re-runs per task, stale
+reads and their staleness. ``--timeline-dir`` also draws each run's timeline (``odin-timeline``) as a PNG there.
 
 Noise: this machine's speed drifts by 10% and more between runs a minute apart, so ``--repeats R`` runs every
 variant R times, in rounds (each round runs every variant once, one after the other; odd rounds run them in the
