@@ -1,15 +1,17 @@
 // Odin's primitive-level bookkeeping kernels: shared declarations of the CPU and CUDA implementations.
 //
-// Four ops, registered under the `odin` namespace (registration.cpp holds their schemas): cull_conflicts,
-// gather_rows, scatter_in_order, publish_adam. Each has a pure-torch reference in
-// odin_nerfstudio/kernels/_torch_impl.py that it equals bit for bit; the shapes and contracts are documented there
-// and in odin_nerfstudio/kernels/ops.py. Every float tensor is float32 and contiguous, every index tensor int64.
+// Four kernels, five ops, registered under the `odin` namespace (registration.cpp holds their schemas):
+// cull_conflicts, gather_rows, the staging scatter (stage_rows, scatter_in_order), publish_adam. Each has a
+// pure-torch reference in odin_nerfstudio/kernels/_torch_impl.py that it equals bit for bit; the shapes and
+// contracts are documented there and in odin_nerfstudio/kernels/ops.py. Every float tensor is float32 and
+// contiguous, every index tensor int64.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -32,6 +34,7 @@ constexpr int64_t kNoStep = -1;
 
 using CullResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using GatherResult = std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor>;
+using StageResult = std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>>;
 using ScatterResult = std::tuple<at::Tensor, std::vector<at::Tensor>>;
 
 // Rows per at::parallel_for chunk for rows of `width` floats: at least at::internal::GRAIN_SIZE elements, as torch's
@@ -49,12 +52,16 @@ void check_cull_inputs(const at::Tensor& block_rows, const at::Tensor& block_sph
                        const at::Tensor& block_coefficients, const at::Tensor& region, const at::Tensor& write_rows,
                        const at::Tensor& write_offsets, const at::Tensor& write_steps);
 void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor& rows, const char* what);
+// Positions into M rows: int64 [A] on the rows' device (range-checked where they live on the CPU).
+void check_positions(const at::Tensor& positions, int64_t m, const char* what);
 
 CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& block_spheres,
                               const at::Tensor& block_bounds, const at::Tensor& block_coefficients,
                               const at::Tensor& region, const at::Tensor& write_rows, const at::Tensor& write_offsets,
                               const at::Tensor& write_steps, int64_t reader_step);
 GatherResult gather_rows_cpu(at::TensorList params, const at::Tensor& rows, const at::Tensor& seq, bool check_locks);
+StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
+                           const std::optional<at::Tensor>& positions);
 ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads);
 at::Tensor publish_adam_cpu(at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                             at::TensorList grads, const at::Tensor& rows, const at::Tensor& seq,

@@ -1,6 +1,7 @@
-// Schemas of Odin's four bookkeeping ops (namespace `odin`) and the input checks both backends share.
+// Schemas of Odin's bookkeeping ops (four kernels, five ops; namespace `odin`) and the input checks both backends
+// share.
 //
-// Each op has one name; its CPU implementation is registered in <op>.cpp and its CUDA one in <op>.cu with
+// Each op has one name; its CPU implementation is registered in <kernel>.cpp and its CUDA one in <kernel>.cu with
 // TORCH_LIBRARY_IMPL, so the dispatcher (and torch.compile) sees one op per kernel. Shapes: see odin_ops.h and
 // odin_nerfstudio/kernels/ops.py.
 #include <torch/library.h>
@@ -48,6 +49,16 @@ void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor&
   }
 }
 
+void check_positions(const at::Tensor& positions, int64_t m, const char* what) {
+  TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong, what, ": positions must be int64 [A]");
+  if (positions.is_cpu()) {
+    const int64_t* p = positions.data_ptr<int64_t>();
+    for (int64_t i = 0; i < positions.numel(); ++i) {
+      TORCH_CHECK(p[i] >= 0 && p[i] < m, what, ": position ", p[i], " out of range [0, ", m, ")");
+    }
+  }
+}
+
 }  // namespace odin
 
 TORCH_LIBRARY(odin, m) {
@@ -60,6 +71,10 @@ TORCH_LIBRARY(odin, m) {
   m.def(
       "gather_rows(Tensor[] params, Tensor rows, Tensor seq, bool check_locks) "
       "-> (Tensor[] leaves, Tensor versions, Tensor locked)");
+  // A task's active rows (given positions, else the rows with a non-zero gradient) and their gradient rows.
+  m.def(
+      "stage_rows(Tensor candidate, Tensor[] grads, Tensor? positions) "
+      "-> (Tensor positions, Tensor rows, Tensor[] staged)");
   // Sum per-task sparse gradient rows on their union, in task order (no order-dependent float atomics).
   m.def("scatter_in_order(Tensor rows, Tensor offsets, Tensor[] grads) -> (Tensor union_rows, Tensor[] sums)");
   // Selective Adam on rows fused with the version bump, each row locked while written; priority rows first.

@@ -1,6 +1,8 @@
-// scatter_in_order on the CPU: sum T tasks' sparse gradient rows on the sorted union of their rows, in task order.
+// The staging scatter on the CPU: stage_rows takes a task's active rows and their gradients out of its leaves (into
+// its ring slot); scatter_in_order sums T tasks' sparse gradient rows on the sorted union of their rows, in task order.
 //
-// Equals core/sparse.py sum_in_order bit for bit: each union row starts from +0.0 and receives the tasks'
+// stage_rows equals the runtime's active_positions + index_select (a copy: exact). scatter_in_order equals
+// core/sparse.py sum_in_order bit for bit: each union row starts from +0.0 and receives the tasks'
 // contributions in task order (one thread owns a union row, so no float atomics and no order that varies with
 // the schedule); a single task's update is returned as a copy (sum_in_order returns it as is, without 0 + g).
 #include <ATen/Parallel.h>
@@ -9,11 +11,77 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
+#include <optional>
 
 #include "odin_ops.h"
 
 namespace odin {
+
+StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
+                           const std::optional<at::Tensor>& positions) {
+  const std::vector<at::Tensor> tensors = grads.vec();
+  check_rows_tensors(tensors, candidate, "stage_rows");
+  const int64_t m = candidate.numel();
+  std::vector<const float*> src;
+  std::vector<int64_t> width;
+  int64_t total_width = 0;
+  for (const at::Tensor& g : tensors) {
+    TORCH_CHECK(g.size(0) == m, "stage_rows: every gradient needs one row per candidate row");
+    src.push_back(g.data_ptr<float>());
+    width.push_back(row_width(g));
+    total_width += width.back();
+  }
+  at::Tensor active;
+  if (positions.has_value()) {
+    active = positions->contiguous();
+    check_positions(active, m, "stage_rows");
+  } else {
+    // Active: a row with a non-zero gradient element in any tensor (NaN counts, -0.0 does not: `!= 0`).
+    std::vector<uint8_t> nonzero(m, 0);
+    at::parallel_for(0, m, row_grain(total_width), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        bool any = false;
+        for (size_t p = 0; p < src.size() && !any; ++p) {
+          const float* in = src[p] + i * width[p];
+          for (int64_t d = 0; d < width[p]; ++d) any |= in[d] != 0.0f;
+        }
+        nonzero[i] = any;
+      }
+    });
+    int64_t count = 0;
+    for (uint8_t v : nonzero) count += v;
+    active = at::empty({count}, candidate.options());
+    int64_t* out = active.data_ptr<int64_t>();
+    for (int64_t i = 0; i < m; ++i) {
+      if (nonzero[i]) *out++ = i;
+    }
+  }
+  const int64_t a = active.numel();
+  const int64_t* position = active.data_ptr<int64_t>();
+  const int64_t* row = candidate.data_ptr<int64_t>();
+  at::Tensor rows = at::empty({a}, candidate.options());
+  int64_t* rows_out = rows.data_ptr<int64_t>();
+  std::vector<at::Tensor> staged;
+  std::vector<float*> dst;
+  for (const at::Tensor& g : tensors) {
+    std::vector<int64_t> shape = g.sizes().vec();
+    shape[0] = a;
+    staged.push_back(at::empty(shape, g.options()));
+    dst.push_back(staged.back().data_ptr<float>());
+  }
+  at::parallel_for(0, a, row_grain(total_width), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t at = position[i];
+      rows_out[i] = row[at];
+      for (size_t p = 0; p < src.size(); ++p) {
+        std::memcpy(dst[p] + i * width[p], src[p] + at * width[p], width[p] * sizeof(float));
+      }
+    }
+  });
+  return {active, rows, staged};
+}
 
 ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {
   const std::vector<at::Tensor> tensors = grads.vec();
@@ -82,4 +150,7 @@ ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& off
 
 }  // namespace odin
 
-TORCH_LIBRARY_IMPL(odin, CPU, m) { m.impl("scatter_in_order", &odin::scatter_in_order_cpu); }
+TORCH_LIBRARY_IMPL(odin, CPU, m) {
+  m.impl("stage_rows", &odin::stage_rows_cpu);
+  m.impl("scatter_in_order", &odin::scatter_in_order_cpu);
+}

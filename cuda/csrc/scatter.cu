@@ -1,8 +1,12 @@
-// scatter_in_order on CUDA: a thread per union row adds the tasks' rows in task order (binary search per task).
+// The staging scatter on CUDA. stage_rows: a thread per candidate row flags a non-zero gradient, then a thread per
+// active row copies its row id and gradient rows (exact copies). scatter_in_order: a thread per union row adds the
+// tasks' rows in task order (binary search per task).
 //
 // No float atomics: each output row has one owner, so its sum runs 0 + g_0 + g_1 + ... in task order, as on the
 // CPU and in sum_in_order. The union is torch's sort + unique_consecutive.
 #include <ATen/ops/clone.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/nonzero.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/unique_consecutive.h>
 #include <ATen/ops/zeros.h>
@@ -13,6 +17,29 @@
 
 namespace odin {
 namespace {
+
+__global__ void nonzero_rows_kernel(RowTensors grads, int64_t m, bool* nonzero) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= m) return;
+  bool any = false;
+  for (int k = 0; k < grads.count && !any; ++k) {
+    const int64_t w = grads.width[k];
+    for (int64_t d = 0; d < w; ++d) any |= grads.data[k][i * w + d] != 0.0f;  // NaN counts, -0.0 does not
+  }
+  nonzero[i] = any;
+}
+
+__global__ void stage_kernel(RowTensors src, RowTensors dst, const int64_t* candidate, const int64_t* positions,
+                             int64_t a, int64_t* rows) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= a) return;
+  const int64_t at = positions[i];
+  rows[i] = candidate[at];
+  for (int k = 0; k < src.count; ++k) {
+    const int64_t w = src.width[k];
+    for (int64_t d = 0; d < w; ++d) dst.data[k][i * w + d] = src.data[k][at * w + d];
+  }
+}
 
 __global__ void scatter_kernel(RowTensors src, RowTensors dst, const int64_t* rows, const int64_t* offsets,
                                int64_t tasks, const int64_t* union_rows, int64_t u) {
@@ -30,6 +57,47 @@ __global__ void scatter_kernel(RowTensors src, RowTensors dst, const int64_t* ro
 }
 
 }  // namespace
+
+StageResult stage_rows_cuda(const at::Tensor& candidate, at::TensorList grads,
+                            const std::optional<at::Tensor>& positions) {
+  const std::vector<at::Tensor> tensors = grads.vec();
+  check_rows_tensors(tensors, candidate, "stage_rows");
+  const c10::cuda::CUDAGuard guard(candidate.device());
+  const int64_t m = candidate.numel();
+  for (const at::Tensor& g : tensors) {
+    TORCH_CHECK(g.size(0) == m, "stage_rows: every gradient needs one row per candidate row");
+  }
+  at::Tensor active;
+  if (positions.has_value()) {
+    active = positions->contiguous();
+    check_positions(active, m, "stage_rows");
+  } else {
+    at::Tensor nonzero = at::empty({m}, candidate.options().dtype(at::kBool));
+    if (m > 0) {
+      nonzero_rows_kernel<<<blocks_for(m), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          row_tensors(tensors), m, nonzero.data_ptr<bool>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    // A host synchronization, needed: the staged tensors' size is the count of active rows (as the reference's
+    // nonzero). A renderer that reports A(t) (gsplat's radii) passes positions and skips it.
+    active = at::nonzero(nonzero).flatten();
+  }
+  const int64_t a = active.numel();
+  at::Tensor rows = at::empty({a}, candidate.options());
+  std::vector<at::Tensor> staged;
+  for (const at::Tensor& g : tensors) {
+    std::vector<int64_t> shape = g.sizes().vec();
+    shape[0] = a;
+    staged.push_back(at::empty(shape, g.options()));
+  }
+  if (a > 0) {
+    stage_kernel<<<blocks_for(a), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        row_tensors(tensors), row_tensors(staged), candidate.data_ptr<int64_t>(), active.data_ptr<int64_t>(), a,
+        rows.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {active, rows, staged};
+}
 
 ScatterResult scatter_in_order_cuda(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {
   const std::vector<at::Tensor> tensors = grads.vec();
@@ -67,4 +135,7 @@ ScatterResult scatter_in_order_cuda(const at::Tensor& rows, const at::Tensor& of
 
 }  // namespace odin
 
-TORCH_LIBRARY_IMPL(odin, CUDA, m) { m.impl("scatter_in_order", &odin::scatter_in_order_cuda); }
+TORCH_LIBRARY_IMPL(odin, CUDA, m) {
+  m.impl("stage_rows", &odin::stage_rows_cuda);
+  m.impl("scatter_in_order", &odin::scatter_in_order_cuda);
+}

@@ -63,6 +63,29 @@ def gather_rows(
     return leaves, words >> 1, locked
 
 
+def stage_rows(
+    candidate: Tensor, grads: Sequence[Tensor], positions: Tensor | None = None
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """A task's active rows and their gradient rows: ``index_select`` at ``positions``, or at the rows with a
+    non-zero gradient element in any tensor when none are given (NaN counts, -0.0 does not).
+
+    Args:
+        candidate: the task's C(t), int64 [M].
+        grads: the gradients of its leaves, each [M, ...].
+        positions: positions in C(t) of A(t), int64 [A] (from the render's meta), or None.
+
+    Returns:
+        The positions [A], the rows ``candidate[positions]`` [A] and each gradient's rows [A, ...].
+    """
+    if positions is None:
+        size = candidate.numel()
+        nonzero = torch.zeros(size, dtype=torch.bool, device=candidate.device)
+        for grad in grads:
+            nonzero |= (grad.reshape(size, grad[0].numel() if size else 1) != 0).any(dim=1)
+        positions = torch.nonzero(nonzero).flatten()
+    return positions, candidate.index_select(0, positions), [grad.index_select(0, positions) for grad in grads]
+
+
 def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -> SparseUpdate:
     """The tasks' updates summed on the union of their rows in the order given: ``sum_in_order``.
 

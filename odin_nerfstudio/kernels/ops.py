@@ -1,4 +1,4 @@
-"""Odin's four bookkeeping kernels, one function per op: the compiled ``torch.ops.odin`` op or the reference.
+"""Odin's four bookkeeping kernels (five ops), one function per op: the compiled ``torch.ops.odin`` op or the reference.
 
 Each function takes the runtime's own objects, packs them into the op's tensors and calls the op registered by
 ``cuda/csrc`` (CPU: C++ with at::parallel_for; CUDA: .cu kernels) when the library is loaded and supports the
@@ -12,7 +12,9 @@ The ops, with the runtime steps they stand for:
   (``BoundingSpheres.rows_in`` + ``conflicts.raw``).
 - :func:`gather_rows`: C(t)'s rows copied into task leaves under per-row seqlocks, with each row's version
   (``ShadowGraph.gather``); a row a publication holds is reported, never read torn.
-- :func:`scatter_in_order`: the tasks' staged sparse gradients summed on their union in task order
+- the staging scatter, two ops: :func:`stage_rows`, a task's active rows A(t) and their gradient rows taken out of
+  its leaves (``index_select``, and the rows with a gradient where the render does not say); and
+  :func:`scatter_in_order`, the tasks' staged sparse gradients summed on their union in task order
   (``sum_in_order``), without float atomics.
 - :func:`publish_adam`: selective Adam on the union rows fused with the version bump, each row locked while
   written, priority rows first (``SelectiveAdam.step_rows`` + ``PrimitiveTables.publish``'s version advance).
@@ -131,6 +133,28 @@ def gather_rows(
         [p.detach() for p in params.values()], rows, seq, check_locks
     )
     return dict(zip(params, leaves, strict=True)), versions, locked
+
+
+def stage_rows(
+    candidate: Tensor, grads: dict[str, Tensor], positions: Tensor | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """A task's active set A(t) and its gradient rows, taken out of its leaves' gradients in one pass.
+
+    Args:
+        candidate: the task's C(t), int64 [M] (the rows of the leaves).
+        grads: per name, the gradient of its leaf [M, ...].
+        positions: positions in C(t) of A(t), sorted int64 [A], where the render's meta says (gsplat's radii); None:
+            the rows with a non-zero gradient element.
+
+    Returns:
+        A(t), the rows [A], and per name its gradient rows [A, ...] (fresh tensors).
+    """
+    tensors = [grad.contiguous() for grad in grads.values()]
+    if not compiled(candidate.device) or any(t.dtype != torch.float32 for t in tensors):
+        _, rows, staged = _torch_impl.stage_rows(candidate, tensors, positions)
+    else:
+        _, rows, staged = torch.ops.odin.stage_rows(candidate, tensors, positions)
+    return rows, dict(zip(grads, staged, strict=True))
 
 
 def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -> SparseUpdate:

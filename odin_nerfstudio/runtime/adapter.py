@@ -45,16 +45,3 @@ class RenderAdapter(Protocol):
     def accumulate(self, state: dict[str, Any], stats: dict[str, Tensor], num_primitives: int) -> None:
         """Add one task's statistics to the strategy state ([N] tensors, created on first use)."""
 
-
-def active_positions(adapter: RenderAdapter, info: dict[str, Any] | None, leaves: dict[str, Tensor]) -> Tensor:
-    """Positions in C(t) of A(t), sorted int64 [A]: what the adapter reads from the render's ``info``, else the
-    gathered rows ``leaves`` ([M, ...] per name) with a non-zero gradient."""
-    size = next(iter(leaves.values())).shape[0]
-    active = None if info is None else adapter.active_positions(info, size)
-    if active is not None:
-        return active
-    nonzero = torch.zeros(size, dtype=torch.bool, device=next(iter(leaves.values())).device)
-    for leaf in leaves.values():
-        if leaf.grad is not None:
-            nonzero |= (leaf.grad.reshape(size, -1) != 0).any(dim=1)
-    return torch.nonzero(nonzero).flatten()

@@ -39,6 +39,9 @@ class OdinRuntimeConfig:
         tasks_in_flight: B_gpu, the tasks a process renders at once (``lanes.py``): each on a lane thread (a CUDA
             stream on a GPU) gathering, rendering and back-propagating, while the driver's thread stages, validates
             and publishes beside them, under the kernels' row locks. 1: one task at a time, on the driver's thread.
+        keep_freed_memory: on the CPU, keep freed blocks in the process heap for the next task rather than give them
+            back to the kernel per task (``core/heap.py``: glibc's malloc thresholds, set once per process; the
+            CUDA caching allocator does this on a GPU).
     """
 
     mode: Mode = "quality"
@@ -53,6 +56,7 @@ class OdinRuntimeConfig:
     priority_publication: bool = True
     spatial_order: bool = True
     tasks_in_flight: int = 1
+    keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:

@@ -37,12 +37,13 @@ from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.transport import FirstPart, Transport
 from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted
+from odin_nerfstudio.core.heap import keep_freed_memory
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import densified
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import Task, task_generator
-from odin_nerfstudio.runtime.adapter import RenderAdapter, active_positions
+from odin_nerfstudio.runtime.adapter import RenderAdapter
 from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.culling_index import CullingIndex, RemoteTasks
@@ -100,6 +101,8 @@ class OdinRuntime:
         self.render_fn = render_fn
         self.strategy_state = strategy_state
         self.adapter = adapter if adapter is not None else GsplatAdapter()
+        if config.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
         if config.spatial_order and start_step == 0:
             restore_spatial_order(params, optimizers, strategy_state)
         self.tables = PrimitiveTables.create(self.num_primitives, device=self.device)
@@ -314,7 +317,7 @@ class OdinRuntime:
         stats = None
         if self.strategy_state is not None and info is not None:
             stats = self.adapter.task_stats(info, read.candidate)
-        active = active_positions(self.adapter, info, read.leaves)
+        active = None if info is None else self.adapter.active_positions(info, read.candidate.numel())
         task_stats = () if stats is None else (stats,)
         staged = self.shadow.stage_task(read.task.key, read.candidate, read.leaves, active, task_stats)
         self.remote.saw(read.task.view, staged)

@@ -222,7 +222,7 @@ class ShadowGraph:
         self.memory.add(update.nbytes, "staged")
 
     def stage_task(
-        self, key: TaskKey, candidate: Tensor, leaves: dict[str, Tensor], active: Tensor, stats: tuple = ()
+        self, key: TaskKey, candidate: Tensor, leaves: dict[str, Tensor], active: Tensor | None, stats: tuple = ()
     ) -> Tensor:
         """Stage a task's active set after backward and free its leaves; returns A(t), the rows staged.
 
@@ -230,18 +230,16 @@ class ShadowGraph:
             key: the task.
             candidate: its C(t), sorted int64 [M] (the rows of ``leaves``).
             leaves: per name, its gathered leaves [M, ...] with their gradients.
-            active: positions in C(t) of A(t), sorted int64 [A]: the rows staged, with their gradient rows.
+            active: positions in C(t) of A(t), sorted int64 [A] (the rows staged, with their gradient rows), or
+                None: the rows with a non-zero gradient (the kernel op ``stage_rows`` finds them).
             stats: the task's statistics (none, or one dict).
 
         With ``measure_norms`` the staged update carries its gradients' squared norms (``SparseUpdate.sq_norms``),
         which the adaptive batch rule sums over a step's tasks.
         """
-        grads = {
-            name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach().index_select(0, active)
-            for name, leaf in leaves.items()
-        }
-        rows = candidate.index_select(0, active)
-        self.stage(key, SparseUpdate(rows, grads, stats, squared_norms(grads) if self.measure_norms else None))
+        grads = {name: leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for name, leaf in leaves.items()}
+        rows, staged = ops.stage_rows(candidate, grads, active)
+        self.stage(key, SparseUpdate(rows, staged, stats, squared_norms(staged) if self.measure_norms else None))
         self.release(leaves)
         return rows
 

@@ -99,6 +99,47 @@ def test_gather_rows_equals_reference(device: str, num_rows: int, reads: int, lo
 
 @pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
+@given(
+    num_rows=st.integers(0, 400),
+    sparsity=st.floats(0.0, 1.0),
+    given_positions=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_stage_rows_equals_reference(
+    device: str, num_rows: int, sparsity: float, given_positions: bool, seed: int
+) -> None:
+    """A task's active rows out of its leaves' gradients: rows with a gradient (a NaN counts, -0.0 does not), or
+    the positions the render reports."""
+    require_compiled(device)
+    generator = torch.Generator().manual_seed(seed)
+    params, _ = make_model(num_rows, seed, device)
+    candidate = torch.randperm(10 * num_rows + 1, generator=generator)[:num_rows].sort().values.to(device)
+    grads = {}
+    for name, param in params.items():
+        grad = torch.randn(param.shape, generator=generator)
+        grad[torch.rand(num_rows, generator=generator) < sparsity] = 0.0
+        grads[name] = grad.to(device)
+    if num_rows > 2:
+        grads["means"][0, 1] = float("nan")  # only a NaN: active
+        for grad in grads.values():
+            grad[1] = -0.0  # only negative zeros: not active
+    positions = None
+    if given_positions:
+        positions = torch.nonzero(torch.rand(num_rows, generator=generator) < 0.5).flatten().to(device)
+    with ops.use_reference():
+        want_rows, want = ops.stage_rows(candidate, grads, positions)
+    got_rows, got = ops.stage_rows(candidate, grads, positions)
+    assert torch.equal(got_rows, want_rows)
+    for name in params:
+        assert torch.equal(got[name].isnan(), want[name].isnan())
+        assert torch.equal(torch.nan_to_num(got[name]), torch.nan_to_num(want[name]))
+        assert torch.equal(torch.signbit(got[name]), torch.signbit(want[name]))
+    if num_rows > 2 and not given_positions:
+        assert int(candidate[0]) in got_rows.tolist() and int(candidate[1]) not in got_rows.tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@SETTINGS
 @given(num_rows=st.integers(0, 400), tasks=st.integers(0, 6), seed=st.integers(0, 2**31 - 1))
 def test_scatter_in_order_equals_reference(device: str, num_rows: int, tasks: int, seed: int) -> None:
     require_compiled(device)
@@ -213,6 +254,13 @@ def test_ops_past_2_to_the_24_rows(device: str) -> None:
         want = ops.scatter_in_order(halves, compiled[0])
     got = ops.scatter_in_order(halves, compiled[0])
     assert torch.equal(got.rows, want.rows) and torch.equal(got.grads["opacities"], want.grads["opacities"])
+
+    sparse = {"opacities": gradient * (torch.arange(rows.numel()) % 3 == 0).to(gradient)}
+    with ops.use_reference():
+        want_rows, want = ops.stage_rows(rows, sparse)
+    got_rows, got = ops.stage_rows(rows, sparse)
+    assert torch.equal(got_rows, want_rows) and torch.equal(got["opacities"], want["opacities"])
+    assert int(got_rows.max()) >= 2**24
 
     means = torch.full((num_rows, 3), 1e6)  # far away: only the rows placed in front of the camera are culled in
     means[rows.cpu()] = torch.tensor([0.0, 0.0, 5.0]) + 0.01 * torch.randn(rows.numel(), 3, generator=generator)
