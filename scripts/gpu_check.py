@@ -7,7 +7,7 @@ is easy to adapt. The model renders with ``odin_nerfstudio.rendering.rasterize.r
 rasterizer on CUDA, the project's CPU rasterizer on CPU). Two virtual workers with one task each per step, driven
 by the trainer's step loop with two lanes (``tasks_in_flight=2``: two threads, each with its CUDA stream, gather,
 render and back-propagate a step's two tasks at once), and the barrier with one lane as the reference. Prints per
-run the step time and the runtime's bookkeeping share, then the four
+run the step time and the runtime's bookkeeping share, then the five
 compiled ops' time on this model against the reference (the kernels' share of a step once the runtime calls
 them), and whether quality (two lanes) equals barrier (one) bit for bit (on CUDA also barrier against itself:
 gsplat's backward sums with float atomics, so quality may differ from barrier by no more than barrier differs from
