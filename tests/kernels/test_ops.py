@@ -120,9 +120,10 @@ def test_stage_rows_equals_reference(
         grad[torch.rand(num_rows, generator=generator) < sparsity] = 0.0
         grads[name] = grad.to(device)
     if num_rows > 2:
-        grads["means"][0, 1] = float("nan")  # only a NaN: active
         for grad in grads.values():
+            grad[0] = 0.0
             grad[1] = -0.0  # only negative zeros: not active
+        grads["means"][0, 1] = float("nan")  # only a NaN among zeros: active
     positions = None
     if given_positions:
         positions = torch.nonzero(torch.rand(num_rows, generator=generator) < 0.5).flatten().to(device)
