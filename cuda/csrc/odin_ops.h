@@ -34,7 +34,7 @@ constexpr int64_t kNoStep = -1;
 
 using CullResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using GatherResult = std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor>;
-using StageResult = std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>>;
+using StageResult = std::tuple<at::Tensor, std::vector<at::Tensor>>;
 using ScatterResult = std::tuple<at::Tensor, std::vector<at::Tensor>>;
 
 // Rows per at::parallel_for chunk for rows of `width` floats: at least at::internal::GRAIN_SIZE elements, as torch's

@@ -73,8 +73,7 @@ TORCH_LIBRARY(odin, m) {
       "-> (Tensor[] leaves, Tensor versions, Tensor locked)");
   // A task's active rows (given positions, else the rows with a non-zero gradient) and their gradient rows.
   m.def(
-      "stage_rows(Tensor candidate, Tensor[] grads, Tensor? positions) "
-      "-> (Tensor positions, Tensor rows, Tensor[] staged)");
+      "stage_rows(Tensor candidate, Tensor[] grads, Tensor? positions) -> (Tensor rows, Tensor[] staged)");
   // Sum per-task sparse gradient rows on their union, in task order (no order-dependent float atomics).
   m.def("scatter_in_order(Tensor rows, Tensor offsets, Tensor[] grads) -> (Tensor union_rows, Tensor[] sums)");
   // Selective Adam on rows fused with the version bump, each row locked while written; priority rows first.

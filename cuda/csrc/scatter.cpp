@@ -80,7 +80,7 @@ StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
       }
     }
   });
-  return {active, rows, staged};
+  return {rows, staged};
 }
 
 ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {

@@ -96,7 +96,7 @@ StageResult stage_rows_cuda(const at::Tensor& candidate, at::TensorList grads,
         rows.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {active, rows, staged};
+  return {rows, staged};
 }
 
 ScatterResult scatter_in_order_cuda(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {

@@ -65,7 +65,7 @@ def gather_rows(
 
 def stage_rows(
     candidate: Tensor, grads: Sequence[Tensor], positions: Tensor | None = None
-) -> tuple[Tensor, Tensor, list[Tensor]]:
+) -> tuple[Tensor, list[Tensor]]:
     """A task's active rows and their gradient rows: ``index_select`` at ``positions``, or at the rows with a
     non-zero gradient element in any tensor when none are given (NaN counts, -0.0 does not).
 
@@ -75,7 +75,7 @@ def stage_rows(
         positions: positions in C(t) of A(t), int64 [A] (from the render's meta), or None.
 
     Returns:
-        The positions [A], the rows ``candidate[positions]`` [A] and each gradient's rows [A, ...].
+        The rows ``candidate[positions]`` [A] and each gradient's rows [A, ...].
     """
     if positions is None:
         size = candidate.numel()
@@ -83,7 +83,7 @@ def stage_rows(
         for grad in grads:
             nonzero |= (grad.reshape(size, grad[0].numel() if size else 1) != 0).any(dim=1)
         positions = torch.nonzero(nonzero).flatten()
-    return positions, candidate.index_select(0, positions), [grad.index_select(0, positions) for grad in grads]
+    return candidate.index_select(0, positions), [grad.index_select(0, positions) for grad in grads]
 
 
 def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor]) -> SparseUpdate:

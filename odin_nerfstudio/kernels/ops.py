@@ -151,9 +151,9 @@ def stage_rows(
     """
     tensors = [grad.contiguous() for grad in grads.values()]
     if not compiled(candidate.device) or any(t.dtype != torch.float32 for t in tensors):
-        _, rows, staged = _torch_impl.stage_rows(candidate, tensors, positions)
+        rows, staged = _torch_impl.stage_rows(candidate, tensors, positions)
     else:
-        _, rows, staged = torch.ops.odin.stage_rows(candidate, tensors, positions)
+        rows, staged = torch.ops.odin.stage_rows(candidate, tensors, positions)
     return rows, dict(zip(grads, staged, strict=True))
 
 
