@@ -52,8 +52,8 @@ void check_cull_inputs(const at::Tensor& block_rows, const at::Tensor& block_sph
                        const at::Tensor& block_coefficients, const at::Tensor& region, const at::Tensor& write_rows,
                        const at::Tensor& write_offsets, const at::Tensor& write_steps);
 void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor& rows, const char* what);
-// Positions into M rows: int64 [A] on the rows' device (range-checked where they live on the CPU).
-void check_positions(const at::Tensor& positions, int64_t m, const char* what);
+// Positions into the M rows of ``rows``: int64 [A] on the rows' device (range-checked where they live on the CPU).
+void check_positions(const at::Tensor& positions, const at::Tensor& rows, const char* what);
 
 CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& block_spheres,
                               const at::Tensor& block_bounds, const at::Tensor& block_coefficients,

@@ -49,8 +49,11 @@ void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor&
   }
 }
 
-void check_positions(const at::Tensor& positions, int64_t m, const char* what) {
+void check_positions(const at::Tensor& positions, const at::Tensor& rows, const char* what) {
   TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong, what, ": positions must be int64 [A]");
+  TORCH_CHECK(positions.device() == rows.device(), what, ": positions are on ", positions.device(),
+              ", the rows on ", rows.device(), "; move them to the rows' device");
+  const int64_t m = rows.numel();
   if (positions.is_cpu()) {
     const int64_t* p = positions.data_ptr<int64_t>();
     for (int64_t i = 0; i < positions.numel(); ++i) {

@@ -36,7 +36,7 @@ StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
   at::Tensor active;
   if (positions.has_value()) {
     active = positions->contiguous();
-    check_positions(active, m, "stage_rows");
+    check_positions(active, candidate, "stage_rows");
   } else {
     // Active: a row with a non-zero gradient element in any tensor (NaN counts, -0.0 does not: `!= 0`).
     std::vector<uint8_t> nonzero(m, 0);

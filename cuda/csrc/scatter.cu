@@ -70,7 +70,7 @@ StageResult stage_rows_cuda(const at::Tensor& candidate, at::TensorList grads,
   at::Tensor active;
   if (positions.has_value()) {
     active = positions->contiguous();
-    check_positions(active, m, "stage_rows");
+    check_positions(active, candidate, "stage_rows");
   } else {
     at::Tensor nonzero = at::empty({m}, candidate.options().dtype(at::kBool));
     if (m > 0) {

@@ -140,6 +140,21 @@ def test_stage_rows_equals_reference(
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_stage_rows_rejects_bad_positions(device: str) -> None:
+    """Positions past C(t) (on the CPU) or on another device than C(t) (on CUDA) are refused with the reason."""
+    require_compiled(device)
+    params, _ = make_model(8, 0, device)
+    candidate = torch.arange(8, dtype=torch.int64, device=device)
+    grads = {name: torch.ones_like(param) for name, param in params.items()}
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match="position 8 out of range"):
+            ops.stage_rows(candidate, grads, torch.tensor([0, 8]))
+    else:  # on CUDA a range check would synchronize with the host: the device check runs instead
+        with pytest.raises(RuntimeError, match="move them to the rows' device"):
+            ops.stage_rows(candidate, grads, torch.tensor([0, 3]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
 @given(num_rows=st.integers(0, 400), tasks=st.integers(0, 6), seed=st.integers(0, 2**31 - 1))
 def test_scatter_in_order_equals_reference(device: str, num_rows: int, tasks: int, seed: int) -> None:
