@@ -17,14 +17,13 @@
 namespace odin {
 
 CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& block_spheres,
-                              const at::Tensor& block_bounds, const at::Tensor& block_coefficients,
-                              const at::Tensor& region, const at::Tensor& write_rows, const at::Tensor& write_offsets,
-                              const at::Tensor& write_steps, int64_t reader_step) {
-  check_cull_inputs(block_rows, block_spheres, block_bounds, block_coefficients, region, write_rows, write_offsets,
-                    write_steps);
+                              const at::Tensor& block_bounds, at::ArrayRef<double> region, at::TensorList writes,
+                              at::IntArrayRef write_steps, int64_t reader_step, double magnitude) {
+  check_cull_inputs(block_rows, block_spheres, block_bounds, region, writes, write_steps);
   const int64_t blocks = block_rows.size(0);
-  const CullConstants g = cull_constants(region.data_ptr<double>());
-  const double* coefficients = block_coefficients.data_ptr<double>();
+  const CullConstants g = cull_constants(region.data());
+  double coefficients[kPlanes * kBoundRows];
+  block_coefficients(region.data(), magnitude, coefficients);
   const double* bounds = block_bounds.data_ptr<double>();
   const float* spheres = block_spheres.data_ptr<float>();
   const int64_t* rows_of = block_rows.data_ptr<int64_t>();
@@ -64,19 +63,24 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
       }
     }
   });
-  std::sort(out, out + candidate.numel());
+  // The blocks hold rows in Morton order of their centres; with the rows in spatial order (the runtime's default)
+  // that is mostly row order already, so check before sorting.
+  if (!std::is_sorted(out, out + candidate.numel())) std::sort(out, out + candidate.numel());
 
   // RAW: per candidate row, the latest and earliest earlier step whose write set holds it (binary search).
   const int64_t m = candidate.numel();
-  const int64_t sets = write_steps.numel();
-  const int64_t* steps = write_steps.data_ptr<int64_t>();
-  const int64_t* offsets = write_offsets.data_ptr<int64_t>();
-  const int64_t* written = write_rows.data_ptr<int64_t>();
+  const int64_t sets = static_cast<int64_t>(write_steps.size());
+  const int64_t* steps = write_steps.data();
+  std::vector<const int64_t*> set_begin(sets), set_end(sets);
+  for (int64_t s = 0; s < sets; ++s) {
+    set_begin[s] = writes[s].data_ptr<int64_t>();
+    set_end[s] = set_begin[s] + writes[s].numel();
+  }
   std::vector<int64_t> last(m, kNoStep), first(m, kNoStep);
   at::parallel_for(0, m, row_grain(std::max<int64_t>(1, sets) * 16), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       for (int64_t s = 0; s < sets; ++s) {
-        if (steps[s] >= reader_step || !std::binary_search(written + offsets[s], written + offsets[s + 1], out[i])) {
+        if (steps[s] >= reader_step || !std::binary_search(set_begin[s], set_end[s], out[i])) {
           continue;
         }
         last[i] = std::max(last[i], steps[s]);

@@ -3,6 +3,7 @@
 //
 // Same contract and bits as the CPU op (cull_region.h holds the shared, FMA-free row test); the compactions
 // (nonzero, masked_select, sort) are torch's and synchronize with the host for their sizes.
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/masked_select.h>
 #include <ATen/ops/nonzero.h>
@@ -53,16 +54,14 @@ __global__ void raw_kernel(const int64_t* candidate, int64_t m, const int64_t* w
 }  // namespace
 
 CullResult cull_conflicts_cuda(const at::Tensor& block_rows, const at::Tensor& block_spheres,
-                               const at::Tensor& block_bounds, const at::Tensor& block_coefficients,
-                               const at::Tensor& region, const at::Tensor& write_rows, const at::Tensor& write_offsets,
-                               const at::Tensor& write_steps, int64_t reader_step) {
-  check_cull_inputs(block_rows, block_spheres, block_bounds, block_coefficients, region, write_rows, write_offsets,
-                    write_steps);
+                               const at::Tensor& block_bounds, at::ArrayRef<double> region, at::TensorList writes,
+                               at::IntArrayRef write_steps, int64_t reader_step, double magnitude) {
+  check_cull_inputs(block_rows, block_spheres, block_bounds, region, writes, write_steps);
   const c10::cuda::CUDAGuard guard(block_rows.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t blocks = block_rows.size(0);
   BlockCoefficients coefficients;
-  for (int64_t j = 0; j < kPlanes * kBoundRows; ++j) coefficients.value[j] = block_coefficients.data_ptr<double>()[j];
+  block_coefficients(region.data(), magnitude, coefficients.value);
   at::Tensor may_meet = at::empty({blocks}, block_rows.options().dtype(at::kBool));
   if (blocks > 0) {
     block_test_kernel<<<blocks_for(blocks), kThreads, 0, stream>>>(coefficients, block_bounds.data_ptr<double>(),
@@ -73,7 +72,7 @@ CullResult cull_conflicts_cuda(const at::Tensor& block_rows, const at::Tensor& b
   const int64_t lanes = kept.numel() * kBlockRows;
   at::Tensor inside = at::empty({lanes}, may_meet.options());
   if (lanes > 0) {
-    row_test_kernel<<<blocks_for(lanes), kThreads, 0, stream>>>(cull_constants(region.data_ptr<double>()),
+    row_test_kernel<<<blocks_for(lanes), kThreads, 0, stream>>>(cull_constants(region.data()),
                                                                 block_spheres.data_ptr<float>(),
                                                                 kept.data_ptr<int64_t>(), lanes,
                                                                 inside.data_ptr<bool>());
@@ -85,8 +84,19 @@ CullResult cull_conflicts_cuda(const at::Tensor& block_rows, const at::Tensor& b
   at::Tensor last = at::empty({m}, candidate.options());
   at::Tensor first = at::empty({m}, candidate.options());
   if (m > 0) {
-    const at::Tensor offsets = write_offsets.to(candidate.device());
-    const at::Tensor steps = write_steps.to(candidate.device());
+    // The write sets concatenated, with their offsets and steps copied to the device.
+    const int64_t sets = static_cast<int64_t>(write_steps.size());
+    at::Tensor host = at::empty({2 * sets + 1}, at::TensorOptions().dtype(at::kLong));
+    int64_t* offset = host.data_ptr<int64_t>();
+    offset[0] = 0;
+    for (int64_t s = 0; s < sets; ++s) {
+      offset[s + 1] = offset[s] + writes[s].numel();
+      offset[sets + 1 + s] = write_steps[s];
+    }
+    const at::Tensor on_device = host.to(candidate.device());
+    const at::Tensor offsets = on_device.slice(0, 0, sets + 1);
+    const at::Tensor steps = on_device.slice(0, sets + 1);
+    const at::Tensor write_rows = sets ? at::cat(writes) : at::empty({0}, candidate.options());
     raw_kernel<<<blocks_for(m), kThreads, 0, stream>>>(candidate.data_ptr<int64_t>(), m,
                                                        write_rows.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(),
                                                        steps.data_ptr<int64_t>(), steps.numel(), reader_step,

@@ -6,8 +6,11 @@
 // -ffp-contract=off.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "odin_ops.h"
 
 #ifdef __CUDACC__
 #define ODIN_INLINE __device__ __forceinline__
@@ -51,6 +54,39 @@ ODIN_INLINE bool sphere_meets(float cx, float cy, float cz, float r, const CullC
   inside &= ODIN_SUB(y, ODIN_MUL(g.top, z)) >= ODIN_MUL(-radius, g.norm_top);
   inside &= ODIN_SUB(ODIN_MUL(g.bottom, z), y) >= ODIN_MUL(-radius, g.norm_bottom);
   return inside;
+}
+
+// Relative slack of the block test (culling/candidates.py _BLOCK_SLACK).
+constexpr double kBlockSlack = 1e-5;
+
+// The block test's [5, 8] coefficients for a region vector (culling/candidates.py block_coefficients, the same
+// double operations in the same order): per plane n.p + rho |n| >= b of the camera-space frustum, the box corners'
+// min and max weights of m = R^T n [6], the radius factor and the offset with its slack. On the host.
+inline void block_coefficients(const double* v, double magnitude, double* out) {
+  const double* r = v;          // rotation, row-major
+  const double* t = v + 9;      // translation
+  const double radius_scale = v[12], near_plane = v[13];
+  const double left = v[14], right = v[15], top = v[16], bottom = v[17];
+  const double normal[kPlanes][3] = {{0.0, 0.0, 1.0}, {1.0, 0.0, -left}, {-1.0, 0.0, right}, {0.0, 1.0, -top},
+                                     {0.0, -1.0, bottom}};
+  const double norm[kPlanes] = {1.0, v[18], v[19], v[20], v[21]};
+  const double bound[kPlanes] = {near_plane, 0.0, 0.0, 0.0, 0.0};
+  double row_abs[3];
+  for (int i = 0; i < 3; ++i) row_abs[i] = (std::fabs(r[3 * i]) + std::fabs(r[3 * i + 1])) + std::fabs(r[3 * i + 2]);
+  for (int p = 0; p < kPlanes; ++p) {
+    const double n0 = normal[p][0], n1 = normal[p][1], n2 = normal[p][2];
+    double* c = out + p * kBoundRows;
+    for (int j = 0; j < 3; ++j) {
+      const double w = n0 * r[j] + n1 * r[3 + j] + n2 * r[6 + j];
+      c[j] = std::min(w, 0.0);
+      c[3 + j] = std::max(w, 0.0);
+    }
+    const double spread = std::fabs(n0) * row_abs[0] + std::fabs(n1) * row_abs[1] + std::fabs(n2) * row_abs[2];
+    const double offset = n0 * t[0] + n1 * t[1] + n2 * t[2];
+    const double reach = std::fabs(n0 * t[0]) + std::fabs(n1 * t[1]) + std::fabs(n2 * t[2]) + std::fabs(bound[p]);
+    c[6] = radius_scale * (1.0 + kBlockSlack) * norm[p];
+    c[7] = offset - bound[p] + kBlockSlack * (reach + spread * magnitude);
+  }
 }
 
 // Whether block b's bounds (float64 [8, blocks], column b) may meet the region: the [5, 8] coefficients times the

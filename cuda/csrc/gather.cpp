@@ -53,7 +53,7 @@ GatherResult gather_rows_cpu(at::TensorList params, const at::Tensor& rows, cons
       std::atomic_ref<int64_t> word(words[r]);
       auto copy = [&] {
         for (size_t p = 0; p < src.size(); ++p) {
-          std::memcpy(dst[p] + i * width[p], src[p] + r * width[p], width[p] * sizeof(float));
+          copy_row(dst[p] + i * width[p], src[p] + r * width[p], width[p]);
         }
       };
       if (!check_locks) {

@@ -1,5 +1,5 @@
-// Schemas of Odin's bookkeeping ops (four kernels, five ops; namespace `odin`) and the input checks both backends
-// share.
+// Schemas of Odin's bookkeeping ops (four kernels, five ops, and the CPU-only refresh_bounds, validate_read and
+// union_rows; namespace `odin`) and the input checks both backends share.
 //
 // Each op has one name; its CPU implementation is registered in <kernel>.cpp and its CUDA one in <kernel>.cu with
 // TORCH_LIBRARY_IMPL, so the dispatcher (and torch.compile) sees one op per kernel. Shapes: see odin_ops.h and
@@ -11,8 +11,7 @@
 namespace odin {
 
 void check_cull_inputs(const at::Tensor& block_rows, const at::Tensor& block_spheres, const at::Tensor& block_bounds,
-                       const at::Tensor& block_coefficients, const at::Tensor& region, const at::Tensor& write_rows,
-                       const at::Tensor& write_offsets, const at::Tensor& write_steps) {
+                       at::ArrayRef<double> region, at::TensorList writes, at::IntArrayRef write_steps) {
   const int64_t blocks = block_rows.size(0);
   TORCH_CHECK(block_rows.dim() == 2 && block_rows.size(1) == kBlockRows && block_rows.scalar_type() == at::kLong,
               "cull_conflicts: block_rows must be int64 [B, 64]");
@@ -22,22 +21,17 @@ void check_cull_inputs(const at::Tensor& block_rows, const at::Tensor& block_sph
   TORCH_CHECK(block_bounds.dim() == 2 && block_bounds.size(0) == kBoundRows && block_bounds.size(1) == blocks &&
                   block_bounds.scalar_type() == at::kDouble,
               "cull_conflicts: block_bounds must be float64 [8, B]");
-  TORCH_CHECK(block_coefficients.dim() == 2 && block_coefficients.size(0) == kPlanes &&
-                  block_coefficients.size(1) == kBoundRows && block_coefficients.scalar_type() == at::kDouble,
-              "cull_conflicts: block_coefficients must be float64 [5, 8]");
-  TORCH_CHECK(region.numel() == kRegionSize && region.scalar_type() == at::kDouble,
-              "cull_conflicts: region must be float64 [22]");
-  TORCH_CHECK(write_rows.dim() == 1 && write_rows.scalar_type() == at::kLong, "cull_conflicts: write_rows int64 [W]");
-  TORCH_CHECK(write_steps.dim() == 1 && write_steps.scalar_type() == at::kLong, "cull_conflicts: write_steps int64 [S]");
-  TORCH_CHECK(write_offsets.dim() == 1 && write_offsets.numel() == write_steps.numel() + 1 &&
-                  write_offsets.scalar_type() == at::kLong,
-              "cull_conflicts: write_offsets must be int64 [S + 1]");
-  for (const at::Tensor* t : {&block_rows, &block_spheres, &block_bounds, &block_coefficients, &region, &write_rows,
-                              &write_offsets, &write_steps}) {
-    TORCH_CHECK(t->is_contiguous(), "cull_conflicts: every input must be contiguous");
+  TORCH_CHECK(static_cast<int64_t>(region.size()) == kRegionSize, "cull_conflicts: the region has 22 entries, got ",
+              region.size());
+  TORCH_CHECK(writes.size() == write_steps.size(), "cull_conflicts: one step per write set, got ", writes.size(),
+              " sets and ", write_steps.size(), " steps");
+  for (const at::Tensor* t : {&block_rows, &block_spheres, &block_bounds}) {
+    TORCH_CHECK(t->is_contiguous(), "cull_conflicts: the block index must be contiguous");
   }
-  TORCH_CHECK(block_coefficients.is_cpu() && region.is_cpu() && write_offsets.is_cpu() && write_steps.is_cpu(),
-              "cull_conflicts: block_coefficients, region, write_offsets and write_steps live on the CPU");
+  for (const at::Tensor& w : writes) {
+    TORCH_CHECK(w.dim() == 1 && w.scalar_type() == at::kLong && w.is_contiguous() && w.device() == block_rows.device(),
+                "cull_conflicts: every write set must be contiguous sorted int64 [W] on the index's device");
+  }
 }
 
 void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor& rows, const char* what) {
@@ -47,6 +41,24 @@ void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor&
     TORCH_CHECK(p.dim() >= 1 && p.scalar_type() == at::kFloat && p.is_contiguous() && p.device() == rows.device(),
                 what, ": every per-row tensor must be contiguous float32 [N, ...] on the rows' device");
   }
+}
+
+int64_t check_scatter_inputs(at::TensorList rows, at::TensorList grads) {
+  const int64_t tasks = static_cast<int64_t>(rows.size());
+  TORCH_CHECK(tasks >= 1 && grads.size() % tasks == 0, "scatter_in_order: ", grads.size(), " gradients for ", tasks,
+              " tasks (one per task and parameter, task-major)");
+  const int64_t params = static_cast<int64_t>(grads.size()) / tasks;
+  for (int64_t t = 0; t < tasks; ++t) {
+    const std::vector<at::Tensor> own(grads.begin() + t * params, grads.begin() + (t + 1) * params);
+    check_rows_tensors(own, rows[t], "scatter_in_order");
+    TORCH_CHECK(rows[t].device() == rows[0].device(), "scatter_in_order: every task's rows on one device");
+    for (int64_t p = 0; p < params; ++p) {
+      TORCH_CHECK(own[p].size(0) == rows[t].numel(), "scatter_in_order: task ", t, "'s gradients need one row per row");
+      TORCH_CHECK(row_width(own[p]) == row_width(grads[p]), "scatter_in_order: parameter ", p,
+                  "'s gradients differ in shape between tasks");
+    }
+  }
+  return params;
 }
 
 void check_positions(const at::Tensor& positions, const at::Tensor& rows, const char* what) {
@@ -67,8 +79,8 @@ void check_positions(const at::Tensor& positions, const at::Tensor& rows, const 
 TORCH_LIBRARY(odin, m) {
   // Cull a region over the block index, then check the candidate rows against unpublished write sets (RAW).
   m.def(
-      "cull_conflicts(Tensor block_rows, Tensor block_spheres, Tensor block_bounds, Tensor block_coefficients, "
-      "Tensor region, Tensor write_rows, Tensor write_offsets, Tensor write_steps, int reader_step) "
+      "cull_conflicts(Tensor block_rows, Tensor block_spheres, Tensor block_bounds, float[] region, Tensor[] writes, "
+      "int[] write_steps, int reader_step, float magnitude) "
       "-> (Tensor candidate, Tensor conflict_rows, Tensor last_step, Tensor first_step)");
   // Copy rows into fresh tensors under per-row seqlocks; report rows a publication held (never a torn copy).
   m.def(
@@ -78,9 +90,21 @@ TORCH_LIBRARY(odin, m) {
   m.def(
       "stage_rows(Tensor candidate, Tensor[] grads, Tensor? positions) -> (Tensor rows, Tensor[] staged)");
   // Sum per-task sparse gradient rows on their union, in task order (no order-dependent float atomics).
-  m.def("scatter_in_order(Tensor rows, Tensor offsets, Tensor[] grads) -> (Tensor union_rows, Tensor[] sums)");
+  // (T tasks' rows, their T x P gradients task-major: no concatenation of the tasks' rows before the call.)
+  m.def("scatter_in_order(Tensor[] rows, Tensor[] grads) -> (Tensor union_rows, Tensor[] sums)");
   // Selective Adam on rows fused with the version bump, each row locked while written; priority rows first.
   m.def(
       "publish_adam(Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, Tensor[] grads, "
       "Tensor rows, Tensor(d!) seq, Tensor hyper, Tensor priority, bool use_locks) -> Tensor contention");
+  // The culling index's bounds of the rows a publication wrote; returns their largest finite |coordinate|.
+  m.def(
+      "refresh_bounds(Tensor(a!) centres, Tensor(b!) radii, Tensor(c!) spheres, Tensor(d!) bounds, Tensor slot_of, "
+      "Tensor rows, Tensor means, Tensor world_scales) -> float magnitude");
+  // A read without admitted stale rows against the rows written since: whether one is in C(t) (stale), whether one
+  // outside it now meets the culling region (candidate).
+  m.def(
+      "validate_read(Tensor candidate, Tensor[] written, Tensor centres, Tensor radii, float[] region) "
+      "-> (bool stale, bool moved)");
+  // The sorted union of sorted unique row sets.
+  m.def("union_rows(Tensor[] parts) -> Tensor rows");
 }

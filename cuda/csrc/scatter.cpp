@@ -7,11 +7,11 @@
 // the schedule); a single task's update is returned as a copy (sum_in_order returns it as is, without 0 + g).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstring>
 #include <iterator>
 #include <optional>
 
@@ -35,8 +35,13 @@ StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
   }
   at::Tensor active;
   if (positions.has_value()) {
+    // Positions given (the renderer's radii): torch's index_select per tensor, whose row copies beat a loop over
+    // rows of a few floats; in the op, they cost no Python call each.
     active = positions->contiguous();
     check_positions(active, candidate, "stage_rows");
+    std::vector<at::Tensor> staged;
+    for (const at::Tensor& g : tensors) staged.push_back(g.index_select(0, active));
+    return {candidate.index_select(0, active), staged};
   } else {
     // Active: a row with a non-zero gradient element in any tensor (NaN counts, -0.0 does not: `!= 0`).
     std::vector<uint8_t> nonzero(m, 0);
@@ -73,73 +78,68 @@ StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
   }
   at::parallel_for(0, a, row_grain(total_width), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t at = position[i];
-      rows_out[i] = row[at];
-      for (size_t p = 0; p < src.size(); ++p) {
-        std::memcpy(dst[p] + i * width[p], src[p] + at * width[p], width[p] * sizeof(float));
-      }
+      rows_out[i] = row[position[i]];
+      for (size_t p = 0; p < src.size(); ++p) copy_row(dst[p] + i * width[p], src[p] + position[i] * width[p], width[p]);
     }
   });
   return {rows, staged};
 }
 
-ScatterResult scatter_in_order_cpu(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {
-  const std::vector<at::Tensor> tensors = grads.vec();
-  check_rows_tensors(tensors, rows, "scatter_in_order");
-  TORCH_CHECK(offsets.dim() == 1 && offsets.numel() >= 1 && offsets.scalar_type() == at::kLong &&
-                  offsets.is_contiguous() && offsets.is_cpu(),
-              "scatter_in_order: offsets must be CPU int64 [T + 1]");
-  const int64_t tasks = offsets.numel() - 1;
-  const int64_t* offset = offsets.data_ptr<int64_t>();
-  TORCH_CHECK(offset[0] == 0 && offset[tasks] == rows.numel(), "scatter_in_order: offsets must span rows");
-  for (const at::Tensor& g : tensors) {
-    TORCH_CHECK(g.size(0) == rows.numel(), "scatter_in_order: every gradient needs one row per entry of rows");
-  }
+ScatterResult scatter_in_order_cpu(at::TensorList rows, at::TensorList grads) {
+  const int64_t tasks = static_cast<int64_t>(rows.size());
+  const int64_t params = check_scatter_inputs(rows, grads);
   if (tasks == 1) {
     std::vector<at::Tensor> copies;
-    for (const at::Tensor& g : tensors) copies.push_back(g.clone());
-    return {rows.clone(), copies};
+    for (const at::Tensor& g : grads) copies.push_back(g.clone());
+    return {rows[0].clone(), copies};
   }
   // The union: each task's rows are sorted, so merge them one task at a time (O(R T), no sort), then deduplicate.
-  const int64_t* row = rows.data_ptr<int64_t>();
+  std::vector<const int64_t*> first(tasks), last(tasks);
+  int64_t total = 0;
+  for (int64_t t = 0; t < tasks; ++t) {
+    first[t] = rows[t].data_ptr<int64_t>();
+    last[t] = first[t] + rows[t].numel();
+    total += rows[t].numel();
+  }
   std::vector<int64_t> merged, buffer;
-  merged.reserve(rows.numel());
-  buffer.reserve(rows.numel());
+  merged.reserve(total);
+  buffer.reserve(total);
   for (int64_t t = 0; t < tasks; ++t) {
     buffer.clear();
-    std::merge(merged.begin(), merged.end(), row + offset[t], row + offset[t + 1], std::back_inserter(buffer));
+    std::merge(merged.begin(), merged.end(), first[t], last[t], std::back_inserter(buffer));
     buffer.erase(std::unique(buffer.begin(), buffer.end()), buffer.end());
     merged.swap(buffer);
   }
   const int64_t u = static_cast<int64_t>(merged.size());
-  at::Tensor union_rows = at::empty({u}, rows.options());
+  at::Tensor union_rows = at::empty({u}, rows[0].options());
   std::copy(merged.begin(), merged.end(), union_rows.data_ptr<int64_t>());
 
+  // grads is task-major: task t's gradient of parameter p is grads[t * params + p].
   std::vector<at::Tensor> sums;
-  std::vector<const float*> src;
   std::vector<float*> dst;
   std::vector<int64_t> width;
-  for (const at::Tensor& g : tensors) {
-    std::vector<int64_t> shape = g.sizes().vec();
-    shape[0] = u;
-    sums.push_back(at::zeros(shape, g.options()));
-    src.push_back(g.data_ptr<float>());
-    dst.push_back(sums.back().data_ptr<float>());
-    width.push_back(row_width(g));
-  }
   int64_t total_width = 0;
-  for (int64_t w : width) total_width += w;
+  for (int64_t p = 0; p < params; ++p) {
+    std::vector<int64_t> shape = grads[p].sizes().vec();
+    shape[0] = u;
+    sums.push_back(at::zeros(shape, grads[p].options()));
+    dst.push_back(sums.back().data_ptr<float>());
+    width.push_back(row_width(grads[p]));
+    total_width += width.back();
+  }
+  std::vector<const float*> src(tasks * params);
+  for (int64_t i = 0; i < tasks * params; ++i) src[i] = grads[i].data_ptr<float>();
   at::parallel_for(0, u, row_grain(tasks * total_width), [&](int64_t begin, int64_t end) {
+    // Per task a cursor into its sorted rows, placed once per chunk and moved forward with the union rows.
+    std::vector<const int64_t*> cursor(tasks);
+    for (int64_t t = 0; t < tasks; ++t) cursor[t] = std::lower_bound(first[t], last[t], merged[begin]);
     for (int64_t i = begin; i < end; ++i) {
       for (int64_t t = 0; t < tasks; ++t) {
-        const int64_t* first = row + offset[t];
-        const int64_t* last = row + offset[t + 1];
-        const int64_t* hit = std::lower_bound(first, last, merged[i]);
-        if (hit == last || *hit != merged[i]) continue;
-        const int64_t at = hit - row;
-        for (size_t p = 0; p < src.size(); ++p) {
+        if (cursor[t] == last[t] || *cursor[t] != merged[i]) continue;
+        const int64_t at = cursor[t]++ - first[t];
+        for (int64_t p = 0; p < params; ++p) {
           float* out = dst[p] + i * width[p];
-          const float* in = src[p] + at * width[p];
+          const float* in = src[t * params + p] + at * width[p];
           for (int64_t d = 0; d < width[p]; ++d) out[d] += in[d];
         }
       }

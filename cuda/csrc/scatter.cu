@@ -4,6 +4,7 @@
 //
 // No float atomics: each output row has one owner, so its sum runs 0 + g_0 + g_1 + ... in task order, as on the
 // CPU and in sum_in_order. The union is torch's sort + unique_consecutive.
+#include <ATen/ops/cat.h>
 #include <ATen/ops/clone.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/nonzero.h>
@@ -12,6 +13,8 @@
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <algorithm>
 
 #include "cuda_common.cuh"
 
@@ -99,26 +102,31 @@ StageResult stage_rows_cuda(const at::Tensor& candidate, at::TensorList grads,
   return {rows, staged};
 }
 
-ScatterResult scatter_in_order_cuda(const at::Tensor& rows, const at::Tensor& offsets, at::TensorList grads) {
-  const std::vector<at::Tensor> tensors = grads.vec();
-  check_rows_tensors(tensors, rows, "scatter_in_order");
-  TORCH_CHECK(offsets.dim() == 1 && offsets.numel() >= 1 && offsets.scalar_type() == at::kLong &&
-                  offsets.is_contiguous() && offsets.is_cpu(),
-              "scatter_in_order: offsets must be CPU int64 [T + 1]");
-  const int64_t tasks = offsets.numel() - 1;
-  TORCH_CHECK(offsets.data_ptr<int64_t>()[0] == 0 && offsets.data_ptr<int64_t>()[tasks] == rows.numel(),
-              "scatter_in_order: offsets must span rows");
-  const c10::cuda::CUDAGuard guard(rows.device());
+ScatterResult scatter_in_order_cuda(at::TensorList task_rows, at::TensorList task_grads) {
+  const int64_t tasks = static_cast<int64_t>(task_rows.size());
+  const int64_t params = check_scatter_inputs(task_rows, task_grads);
+  const c10::cuda::CUDAGuard guard(task_rows[0].device());
   if (tasks == 1) {
     std::vector<at::Tensor> copies;
-    for (const at::Tensor& g : tensors) copies.push_back(g.clone());
-    return {rows.clone(), copies};
+    for (const at::Tensor& g : task_grads) copies.push_back(g.clone());
+    return {task_rows[0].clone(), copies};
+  }
+  // The kernel reads the tasks' rows and gradients concatenated (device copies, no host synchronization).
+  std::vector<int64_t> sizes(tasks + 1, 0);
+  for (int64_t t = 0; t < tasks; ++t) sizes[t + 1] = sizes[t] + task_rows[t].numel();
+  at::Tensor offsets = at::empty({tasks + 1}, at::TensorOptions().dtype(at::kLong));
+  std::copy(sizes.begin(), sizes.end(), offsets.data_ptr<int64_t>());
+  const at::Tensor rows = at::cat(task_rows);
+  std::vector<at::Tensor> tensors;
+  for (int64_t p = 0; p < params; ++p) {
+    std::vector<at::Tensor> parts;
+    for (int64_t t = 0; t < tasks; ++t) parts.push_back(task_grads[t * params + p]);
+    tensors.push_back(at::cat(parts));
   }
   const at::Tensor union_rows = std::get<0>(at::unique_consecutive(std::get<0>(at::sort(rows))));
   const int64_t u = union_rows.numel();
   std::vector<at::Tensor> sums;
   for (const at::Tensor& g : tensors) {
-    TORCH_CHECK(g.size(0) == rows.numel(), "scatter_in_order: every gradient needs one row per entry of rows");
     std::vector<int64_t> shape = g.sizes().vec();
     shape[0] = u;
     sums.push_back(at::zeros(shape, g.options()));

@@ -134,6 +134,16 @@ class CullRegion:
         top, bottom = (-self.pad_y - cy) / fy, (camera.height + self.pad_y - cy) / fy
         return left, right, top, bottom
 
+    @functools.cached_property
+    def vector(self) -> list[float]:
+        """The region as the kernel ops take it (``cuda/csrc`` cull_region.h), 22 floats: rotation (row-major),
+        translation, radius scale, near plane, the left/right/top/bottom slopes and their plane norms
+        ``(1 + slope^2) ** 0.5`` (as :func:`_meets` computes them)."""
+        rotation, translation = self.pose
+        sides = self.sides
+        values = [v for row in rotation for v in row] + list(translation)
+        return values + [self.radius_scale, self.near_plane, *sides, *((1.0 + s * s) ** 0.5 for s in sides)]
+
     def planes(self) -> list[tuple[tuple[float, float, float], float, float]]:
         """The five half-spaces in camera space as (normal n, |n|, bound b): a sphere is kept if n.p + rho |n| >= b."""
         left, right, top, bottom = self.sides
@@ -320,8 +330,17 @@ class BoundingSpheres:
         self.radii.index_copy_(0, rows, radii)
         if self._blocks is not None:
             self._blocks.update(rows, centres, radii)
-            if self._blocks.stale:
-                self._blocks = None
+            self.drop_stale_index()
+
+    @property
+    def blocks(self) -> _Blocks | None:
+        """The block index, or None while it is not built (the next cull builds it)."""
+        return self._blocks
+
+    def drop_stale_index(self) -> None:
+        """Drop the block index once it has grown by ``REBUILD_GROWTH`` (the next cull rebuilds it)."""
+        if self._blocks is not None and self._blocks.stale:
+            self._blocks = None
 
     def meets(self, region: CullRegion, rows: Tensor | None = None, grow: float = 1.0, shift: float = 0.0) -> Tensor:
         """Whether the spheres of ``rows`` (int64 [M]; all N if None) meet ``region``, bool [M]: the exact test.

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.core.conflicts import Conflicts, StepRows, raw
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
@@ -127,3 +127,46 @@ def publish_adam(
         optimizer.step_rows(rows, [grads[name]], advance=part != "rest", finish=part != "first")
     seq.index_add_(0, rows, torch.full_like(rows, 2))
     return torch.zeros(1, dtype=torch.int64, device=rows.device)
+
+
+def refresh_bounds(bounds: BoundingSpheres, rows: Tensor, means: Tensor, scales: Tensor) -> None:
+    """The culling bounds of ``rows`` (int64 [R]) after a publication moved them: ``bounds.update``.
+
+    Args:
+        bounds: the culling bounds of the N rows (and their block index, if built).
+        rows: the rows written, int64 [R].
+        means: their new centres [R, 3].
+        scales: their new activated (world-space) scales [R, 3].
+    """
+    bounds.update(rows, means, scales)
+
+
+def validate_read(
+    candidate: Tensor,
+    written: Sequence[tuple[int, Tensor]],
+    admitted: dict[int, Tensor],
+    bounds: BoundingSpheres,
+    region: CullRegion,
+) -> tuple[bool, bool]:
+    """A read's stale and candidate checks (``Validator.validate``) against the rows written since it read.
+
+    Args:
+        candidate: the read's C(t), sorted int64 [M].
+        written: per step published since the read, (step, the rows it wrote that the read did not see, sorted).
+        admitted: per step, the stale rows the read was admitted with (a written row of C(t) among them is allowed).
+        bounds: the culling bounds of the current state.
+        region: the task's culling region (C(t)'s).
+
+    Returns:
+        ("stale": a written row of C(t) not admitted, "candidate": a written row outside C(t) now meets ``region``).
+    """
+    stale, outside = False, []
+    for step, published in written:
+        read = isin_sorted(published, candidate)
+        missed = published[read]
+        allowed = admitted.get(step)
+        if missed.numel() and not stale and (allowed is None or not bool(isin_sorted(missed, allowed).all())):
+            stale = True
+        outside.append(published[~read])
+    moved = union_sorted(outside, candidate.device)
+    return stale, bool(moved.numel()) and bool(bounds.meets(region, moved).any())

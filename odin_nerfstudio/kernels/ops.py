@@ -19,6 +19,14 @@ The ops, with the runtime steps they stand for:
 - :func:`publish_adam`: selective Adam on the union rows fused with the version bump, each row locked while
   written, priority rows first (``SelectiveAdam.step_rows`` + ``PrimitiveTables.publish``'s version advance).
 
+Three more ops, CPU only, take the rest of the hot path's per-row bookkeeping out of Python (on CUDA their reference
+runs: torch's asynchronous ops there cost no host synchronization):
+
+- :func:`refresh_bounds`: the culling index's bounds of the rows a publication wrote (``BoundingSpheres.update``).
+- :func:`validate_read`: a read's stale and candidate checks against the rows published since it read
+  (``Validator.validate``).
+- :func:`union_rows`: the sorted union of row sets (``union_sorted``): a step's pending writes, predicted ones.
+
 The per-row ``seq`` word (int64 [N]) is twice the row's version (``PrimitiveTables.versions``), odd while a
 publication writes the row.
 """
@@ -33,10 +41,10 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.core.batch_gain import scaled_lr
-from odin_nerfstudio.core.conflicts import Conflicts, StepRows
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows, union_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate, summed_sq_norms
-from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion, block_coefficients
+from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import _backend, _torch_impl
 
 _forced_reference = False
@@ -62,20 +70,16 @@ def compiled(device: torch.device | str) -> bool:
     return flavour is not None and (kind == "cpu" or (kind == "cuda" and flavour == "cuda"))
 
 
-def region_vector(region: CullRegion) -> Tensor:
-    """The cull region as the op's float64 [22]: rotation (row-major), translation, radius scale, near plane,
-    left/right/top/bottom slopes and their plane norms ``(1 + slope^2) ** 0.5`` (as ``_meets`` computes them)."""
-    rotation, translation = region.pose
-    sides = region.sides
-    values = [v for row in rotation for v in row] + list(translation)
-    values += [region.radius_scale, region.near_plane, *sides, *((1.0 + s * s) ** 0.5 for s in sides)]
-    return torch.tensor(values, dtype=torch.float64)
+def _compiled_on_cpu(device: torch.device | str) -> bool:
+    """Whether a CPU-only op (``refresh_bounds``, ``validate_read``) will run: compiled ops and a CPU tensor."""
+    return torch.device(device).type == "cpu" and compiled(device)
 
 
 def cull_conflicts(
     bounds: BoundingSpheres, region: CullRegion, reader_step: int, writes: Sequence[StepRows]
 ) -> tuple[Tensor, Conflicts]:
-    """C(t) over the block index and its read-after-write conflicts, in one op.
+    """C(t) over the block index and its read-after-write conflicts, in one op (which also computes the block
+    test's coefficients, ``block_coefficients``, from the region vector).
 
     Args:
         bounds: the culling bounds of the N rows (its block index is built if it is not).
@@ -96,18 +100,15 @@ def cull_conflicts(
     blocks = bounds.index()
     # bool masks are made rows here (a synchronization on CUDA); the runtime's write sets are rows already
     parts = [w.rows if w.rows.dtype != torch.bool else torch.nonzero(w.rows).flatten() for w in writes]
-    sizes = [0] + [p.numel() for p in parts]
-    write_rows = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
     candidate, rows, last, first = torch.ops.odin.cull_conflicts(
         blocks.rows,
         blocks.spheres,
         blocks.bounds,
-        block_coefficients(region, blocks.magnitude),
-        region_vector(region),
-        write_rows,
-        torch.tensor(sizes, dtype=torch.int64).cumsum(0),
-        torch.tensor([w.step for w in writes], dtype=torch.int64),
+        region.vector,
+        [p.contiguous() for p in parts],
+        [w.step for w in writes],
         reader_step,
+        blocks.magnitude,
     )
     return candidate, Conflicts(rows, last, first)
 
@@ -172,15 +173,72 @@ def scatter_in_order(updates: Sequence[SparseUpdate], template: dict[str, Tensor
     # One update is its own sum (the reference returns it as is): no copy, no op call.
     if len(updates) <= 1 or not compiled(device) or any(t.dtype != torch.float32 for t in template.values()):
         return _torch_impl.scatter_in_order(updates, template)
-    sizes = [0] + [u.rows.numel() for u in updates]
     rows, sums = torch.ops.odin.scatter_in_order(
-        torch.cat([u.rows for u in updates]),
-        torch.tensor(sizes, dtype=torch.int64).cumsum(0),
-        [torch.cat([u.grads[name].contiguous() for u in updates]) for name in template],
+        [u.rows.contiguous() for u in updates], [u.grads[name].contiguous() for u in updates for name in template]
     )
     stats = tuple(s for update in updates for s in update.stats)
     grads = dict(zip(template, sums, strict=True))
     return SparseUpdate(rows=rows, grads=grads, stats=stats, sq_norms=summed_sq_norms(updates))
+
+
+def refresh_bounds(bounds: BoundingSpheres, rows: Tensor, means: Tensor, scales: Tensor) -> None:
+    """The culling bounds of the rows a publication wrote (``BoundingSpheres.update``), in one op on the CPU.
+
+    Args:
+        bounds: the culling bounds of the N rows; their block index grows, and is dropped once stale.
+        rows: the rows written, sorted unique int64 [R].
+        means: their new centres [R, 3].
+        scales: their new activated (world-space) scales [R, 3].
+    """
+    blocks = bounds.blocks
+    tensors = (means, scales, bounds.centres, bounds.radii)
+    if blocks is None or not _compiled_on_cpu(rows.device) or any(t.dtype != torch.float32 for t in tensors):
+        return _torch_impl.refresh_bounds(bounds, rows, means, scales)
+    magnitude = torch.ops.odin.refresh_bounds(
+        bounds.centres,
+        bounds.radii,
+        blocks.spheres,
+        blocks.bounds,
+        blocks.slot_of,
+        rows,
+        means.detach().contiguous(),
+        scales.detach().contiguous(),
+    )
+    blocks.magnitude = max(blocks.magnitude, magnitude)
+    bounds.drop_stale_index()
+
+
+def validate_read(
+    candidate: Tensor,
+    written: Sequence[tuple[int, Tensor]],
+    admitted: dict[int, Tensor],
+    bounds: BoundingSpheres,
+    region: CullRegion,
+) -> tuple[bool, bool]:
+    """A read's stale and candidate checks against the rows written since it read, in one op on the CPU for a read
+    with no admitted stale rows (else the reference).
+
+    Args:
+        candidate: the read's C(t), sorted int64 [M].
+        written: per step published since the read, (step, the rows it wrote that the read did not see, sorted).
+        admitted: per step, the stale rows the read was admitted with.
+        bounds: the culling bounds of the current state.
+        region: the task's culling region.
+
+    Returns:
+        ("stale": a written row of C(t) not admitted, "candidate": a written row outside C(t) now meets ``region``).
+    """
+    if admitted or not _compiled_on_cpu(candidate.device) or bounds.centres.dtype != torch.float32:
+        return _torch_impl.validate_read(candidate, written, admitted, bounds, region)
+    rows = [published.contiguous() for _, published in written]
+    return torch.ops.odin.validate_read(candidate, rows, bounds.centres, bounds.radii, region.vector)
+
+
+def union_rows(parts: Sequence[Tensor], device: torch.device | str = "cpu") -> Tensor:
+    """Sorted union of sorted unique int64 row sets, [M] (``union_sorted``), merged in one op on the CPU."""
+    if len(parts) <= 1 or not _compiled_on_cpu(parts[0].device):
+        return union_sorted(parts, device)
+    return torch.ops.odin.union_rows([part.contiguous() for part in parts])
 
 
 PublicationPart = Literal["whole", "first", "rest"]

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from odin_nerfstudio.core.conflicts import Conflicts, StepRows, union_sorted
-from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.core.conflicts import Conflicts, StepRows
+from odin_nerfstudio.core.tasks import Task, TaskKey
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
+
+
+REGIONS_KEPT = 1024
+"""How many tasks' cull regions the index keeps (a few steps' worth; more are made again)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class CullingIndex:
         self.margin = margin
         self.near_plane = near_plane
         self._bounds: BoundingSpheres | None = None
+        self._regions: dict[TaskKey, CullRegion] = {}
         self.bounds()
 
     def bounds(self) -> BoundingSpheres:
@@ -56,8 +61,14 @@ class CullingIndex:
         return self._bounds
 
     def region(self, task: Task) -> CullRegion:
-        """The region C(t) is culled against (the task's widened frustum)."""
-        return CullRegion.candidates(task.camera, self.margin, self.near_plane)
+        """The region C(t) is culled against (the task's widened frustum), made once per task: its read, its
+        validation and a re-run share its pose, planes and kernel vector (the last ``REGIONS_KEPT`` tasks')."""
+        region = self._regions.get(task.key)
+        if region is None or region.camera is not task.camera:
+            if len(self._regions) >= REGIONS_KEPT:
+                self._regions.clear()
+            region = self._regions[task.key] = CullRegion.candidates(task.camera, self.margin, self.near_plane)
+        return region
 
     def candidates(self, task: Task) -> Tensor:
         """C(t) on the current state, sorted int64 [M]."""
@@ -83,7 +94,7 @@ class CullingIndex:
 
     def update(self, rows: Tensor, means: Tensor, scales: Tensor) -> None:
         """Refresh the bounds of ``rows`` [R] from their new ``means`` [R, 3] and parameter ``scales`` [R, 3]."""
-        self.bounds().update(rows, means, self.adapter.world_scales(scales))
+        ops.refresh_bounds(self.bounds(), rows, means, self.adapter.world_scales(scales))
 
     def rebuild(self) -> None:
         """Rebuild the bounds and index from the parameters (after a structural change)."""
@@ -134,7 +145,7 @@ class RemoteTasks:
         for step in sorted(s for s in self._tasks if s < before_step):
             if step not in self._rows:
                 sets = [self._predicted(task) for task in self._tasks[step]]
-                self._rows[step] = union_sorted(sets, self.index.params["means"].device)
+                self._rows[step] = ops.union_rows(sets, self.index.params["means"].device)
             writes.append(StepRows(step, self._rows[step]))
         return writes
 

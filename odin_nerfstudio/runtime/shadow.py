@@ -84,7 +84,7 @@ class RingSlot:
         reader checks against it, the slot changes once per task)."""
         if self._writes is None:
             parts = [self.staged[key].rows if key in self.staged else rows for key, rows in self.candidates.items()]
-            self._writes = StepRows(self.step, union_sorted(parts, self.device))
+            self._writes = StepRows(self.step, ops.union_rows(parts, self.device))
         return self._writes
 
     def changed(self) -> None:

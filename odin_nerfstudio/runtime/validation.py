@@ -22,6 +22,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.tasks import Task, TaskKey
+from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.culling_index import CullingIndex, Reach
 from odin_nerfstudio.runtime.publication import EarlyRows
 from odin_nerfstudio.runtime.reads import DrawableFn, EscapeCheck, ReadRecord, VisibilityFn
@@ -178,23 +179,11 @@ class Validator:
             rasterizer would see (int64 [E], empty without an escape check), which a re-run adds to C(t).
         """
         admitted = {a.step: a.rows for a in record.admitted}
-        failures = []
-        outside = []
-        for step, published in self._written_since(record, task.step):
-            read = isin_sorted(published, record.candidate)
-            missed = published[read]
-            allowed = admitted.get(step)
-            if (
-                missed.numel()
-                and "stale" not in failures
-                and (allowed is None or not bool(isin_sorted(missed, allowed).all()))
-            ):
-                failures.append("stale")
-            outside.append(published[~read])
+        written = self._written_since(record, task.step)
+        bounds, region = self.index.bounds(), self.index.region(task)
+        stale, moved = ops.validate_read(record.candidate, written, admitted, bounds, region)
+        failures = ["stale"] * stale + ["candidate"] * moved
         device = record.candidate.device
-        moved = union_sorted(outside, device)
-        if moved.numel() and self.index.any_meets(task, moved):
-            failures.append("candidate")
         escaped = torch.empty(0, dtype=torch.int64, device=device)
         if self.find_escapes is not None:
             escaped = self.find_escapes(task, record.candidate)

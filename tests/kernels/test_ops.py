@@ -7,6 +7,7 @@ sets; a separate test runs each op on N = 2^24 + 7 rows, past float32's exact in
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -232,6 +233,99 @@ def test_publish_adam_in_two_parts_equals_the_whole(backend: str, num_rows: int,
     assert same_model(parts, whole)
     assert torch.equal(seq_parts, seq_whole)
     assert hooks["parts"] == hooks["whole"] == steps * len(whole[1])
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether two float tensors hold the same bits, NaNs in the same places (any NaN payload)."""
+    integer = {torch.float32: torch.int32, torch.float64: torch.int64}[want.dtype]
+    if got.shape != want.shape or not torch.equal(got.isnan(), want.isnan()):
+        return False
+    return torch.equal(got.nan_to_num(0.0, 0.0, 0.0).view(integer), want.nan_to_num(0.0, 0.0, 0.0).view(integer)) and (
+        torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()])
+    )
+
+
+@SETTINGS
+@given(num_rows=st.integers(0, 700), seed=st.integers(0, 2**31 - 1), moved=st.integers(0, 700), odd=st.booleans())
+def test_refresh_bounds_equals_reference(num_rows: int, seed: int, moved: int, odd: bool) -> None:
+    """The culling index's refresh after a publication (CPU only): centres, radii, block spheres and bounds, the
+    magnitude and whether the index went stale, with NaN and infinite centres and scales where ``odd``."""
+    require_compiled("cpu")
+    generator = torch.Generator().manual_seed(seed)
+    bounds = _scene(generator, num_rows, "cpu")
+    rows = random_rows(generator, num_rows, moved, "cpu")
+    means = 4.0 * torch.randn(rows.numel(), 3, generator=generator) + 6.0 * torch.rand((), generator=generator)
+    scales = 0.5 * torch.rand(rows.numel(), 3, generator=generator)
+    if odd and rows.numel() >= 3:
+        means[0, 1], means[1, 2], scales[2, 0], scales[0, 2] = float("nan"), float("inf"), float("nan"), -0.0
+    want = copy.deepcopy(bounds)
+    with ops.use_reference():
+        ops.refresh_bounds(want, rows, means, scales)
+    ops.refresh_bounds(bounds, rows, means, scales)
+    assert _same_bits(bounds.centres, want.centres) and _same_bits(bounds.radii, want.radii)
+    assert (bounds.blocks is None) == (want.blocks is None)
+    if want.blocks is not None:
+        assert _same_bits(bounds.blocks.spheres, want.blocks.spheres)
+        assert _same_bits(bounds.blocks.bounds, want.blocks.bounds)
+        assert bounds.blocks.magnitude == want.blocks.magnitude
+
+
+def _validation_case(seed: int, num_rows: int, steps: int) -> tuple:
+    """A read's C(t), the rows published since (some moved into its region, some of C(t)), the bounds, the region."""
+    generator = torch.Generator().manual_seed(seed)
+    bounds = _scene(generator, num_rows, "cpu")
+    region = CullRegion.candidates(random_camera(generator), margin=float(torch.rand((), generator=generator)) * 0.3)
+    candidate, _ = ops.cull_conflicts(bounds, region, 0, [])
+    moved = random_rows(generator, num_rows, num_rows // 3, "cpu")
+    if moved.numel():  # rows moved by the publications since the read: some into the region, outside C(t)
+        means = bounds.centres.T[moved] * torch.rand(moved.numel(), 1, generator=generator)
+        bounds.update(moved, means, torch.full((moved.numel(), 3), 0.2))
+    written = []
+    for step in range(steps):
+        rows = random_rows(generator, num_rows, int(torch.randint(0, 8, (1,), generator=generator)), "cpu")
+        if step % 2 == 0:
+            rows = rows[~torch.isin(rows, candidate)]  # even steps: only rows outside C(t)
+        written.append((step, rows))
+    return candidate, written, bounds, region
+
+
+@SETTINGS
+@given(num_rows=st.integers(0, 700), seed=st.integers(0, 2**31 - 1), steps=st.integers(0, 4))
+def test_validate_read_equals_reference(num_rows: int, seed: int, steps: int) -> None:
+    """A read's stale and candidate checks (CPU only; a read with admitted stale rows takes the reference)."""
+    require_compiled("cpu")
+    candidate, written, bounds, region = _validation_case(seed, num_rows, steps)
+    with ops.use_reference():
+        want = ops.validate_read(candidate, written, {}, bounds, region)
+    assert ops.validate_read(candidate, written, {}, bounds, region) == want
+
+
+def test_validate_read_finds_both_failures() -> None:
+    """Over fixed random cases both checks fire and both pass (so the equality above compares both answers)."""
+    require_compiled("cpu")
+    outcomes = set()
+    for seed in range(60):
+        candidate, written, bounds, region = _validation_case(seed, 400, 3)
+        with ops.use_reference():
+            want = ops.validate_read(candidate, written, {}, bounds, region)
+        got = ops.validate_read(candidate, written, {}, bounds, region)
+        assert got == want, seed
+        outcomes.add(got)
+    assert {(True, True), (False, False), (False, True)} <= outcomes, outcomes
+
+
+@SETTINGS
+@given(num_rows=st.integers(0, 500), parts=st.integers(0, 5), seed=st.integers(0, 2**31 - 1))
+def test_union_rows_equals_reference(num_rows: int, parts: int, seed: int) -> None:
+    """The sorted union of sorted row sets (CPU only), empty and overlapping sets included."""
+    require_compiled("cpu")
+    generator = torch.Generator().manual_seed(seed)
+    sets = [random_rows(generator, num_rows, int(torch.randint(0, 300, (1,), generator=generator)), "cpu")]
+    sets += [sets[0][::2].contiguous()] + [random_rows(generator, num_rows, 50, "cpu") for _ in range(parts)]
+    with ops.use_reference():
+        want = ops.union_rows(sets)
+    got = ops.union_rows(sets)
+    assert torch.equal(got, want) and got.dtype == torch.int64
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -22,7 +22,16 @@ from tests.toy_scene import assert_identical, make_params, make_runtime, snapsho
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-OPS = ("odin::cull_conflicts", "odin::gather_rows", "odin::stage_rows", "odin::scatter_in_order", "odin::publish_adam")
+OPS = (
+    "odin::cull_conflicts",
+    "odin::gather_rows",
+    "odin::stage_rows",
+    "odin::scatter_in_order",
+    "odin::publish_adam",
+    "odin::refresh_bounds",
+    "odin::validate_read",
+    "odin::union_rows",
+)
 INTERLEAVINGS = {"round-robin": [], "worker 1 ahead": [1] * 40}
 
 
