@@ -802,7 +802,7 @@ def report(
 
 
 def backend_findings(headline: list[ModeResult]) -> list[str]:
-    """What the backends share: the bookkeeping outside the five ops, read from the compiled quality run."""
+    """What the backends share: the bookkeeping outside the ops, read from the compiled quality run."""
     compiled = [r for r in headline if r.backend == "compiled" and r.mode == "quality"]
     if not compiled:
         return []
@@ -810,13 +810,15 @@ def backend_findings(headline: list[ModeResult]) -> list[str]:
     tasks = max(counters.tasks, 1)
     return [
         (
-            "- The backends differ only in the four kernels' five ops (cull + RAW check, gather, the staging scatter: "
-            "a task's A(t) and gradient rows out of its leaves, and the staged sums, a worker's and, handed to the "
-            "transport, the in-process merge of the W workers' parts, "
+            "- The backends differ only in the ops (`kernels/ops.py`): the four kernels' five (cull + RAW check, "
+            "gather, the staging scatter: a task's A(t) and gradient rows out of its leaves, and the staged sums, a "
+            "worker's and, handed to the transport, the in-process merge of the W workers' parts, "
             f"{counters.comm_ns / 1e6 / tasks:.1f} ms per task in the compiled quality run; selective Adam with the "
-            "version bump); the rest of the bookkeeping is the same code: freeing a task's leaves, validation, the "
-            "culling index's refresh after a publication, the metering and the runtime's own loop. That shared part "
-            "bounds how far the compiled backend's ratio can fall. Both keep freed memory in the heap "
+            "version bump) and three CPU-only ones (the culling index's refresh after a publication, validation's "
+            "stale and candidate checks, the union of a step's pending writes); the rest of the bookkeeping is the "
+            "same code: freeing a task's leaves, the escape check, the pending-write marks, the metering and the "
+            "runtime's own loop. That shared part bounds how far the compiled backend's ratio can fall. Both keep "
+            "freed memory in the heap "
             "(`OdinRuntimeConfig.keep_freed_memory`, the default: before it, freeing a task's leaves alone took "
             "about 1.5 ms per task here)."
         )

@@ -1,4 +1,4 @@
-"""Odin's four bookkeeping kernels (five ops), one function per op: the compiled ``torch.ops.odin`` op or the reference.
+"""Odin's bookkeeping kernels, one function per op: the compiled ``torch.ops.odin`` op or the pure-torch reference.
 
 Each function takes the runtime's own objects, packs them into the op's tensors and calls the op registered by
 ``cuda/csrc`` (CPU: C++ with at::parallel_for; CUDA: .cu kernels) when the library is loaded and supports the
@@ -6,7 +6,7 @@ tensors' device, else the pure-torch reference of :mod:`._torch_impl` (the exist
 bit-identical either way (tests/kernels). Force the reference with :func:`use_reference` (a context manager) or
 ``ODIN_KERNELS=reference``.
 
-The ops, with the runtime steps they stand for:
+The four kernels (five ops), with the runtime steps they stand for:
 
 - :func:`cull_conflicts`: C(t) by the block index fused with the RAW check against unpublished write sets
   (``BoundingSpheres.rows_in`` + ``conflicts.raw``).
