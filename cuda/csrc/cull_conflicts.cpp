@@ -67,7 +67,7 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
   // that is mostly row order already, so check before sorting.
   if (!std::is_sorted(out, out + candidate.numel())) std::sort(out, out + candidate.numel());
 
-  // RAW: per candidate row, the latest and earliest earlier step whose write set holds it (binary search).
+  // RAW: per candidate row, the latest and earliest earlier step whose write set holds it (a merge of sorted sets).
   const int64_t m = candidate.numel();
   const int64_t sets = static_cast<int64_t>(write_steps.size());
   const int64_t* steps = write_steps.data();
@@ -78,11 +78,13 @@ CullResult cull_conflicts_cpu(const at::Tensor& block_rows, const at::Tensor& bl
   }
   std::vector<int64_t> last(m, kNoStep), first(m, kNoStep);
   at::parallel_for(0, m, row_grain(std::max<int64_t>(1, sets) * 16), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      for (int64_t s = 0; s < sets; ++s) {
-        if (steps[s] >= reader_step || !std::binary_search(set_begin[s], set_end[s], out[i])) {
-          continue;
-        }
+    // Both sides are sorted: per set, a cursor placed once per chunk walks forward with the candidate rows.
+    for (int64_t s = 0; s < sets; ++s) {
+      if (steps[s] >= reader_step) continue;
+      const int64_t* cursor = std::lower_bound(set_begin[s], set_end[s], out[begin]);
+      for (int64_t i = begin; i < end && cursor != set_end[s]; ++i) {
+        while (cursor != set_end[s] && *cursor < out[i]) ++cursor;
+        if (cursor == set_end[s] || *cursor != out[i]) continue;
         last[i] = std::max(last[i], steps[s]);
         first[i] = first[i] == kNoStep ? steps[s] : std::min(first[i], steps[s]);
       }

@@ -3,7 +3,8 @@
 // Four kernels, five ops, registered under the `odin` namespace (registration.cpp holds their schemas):
 // cull_conflicts, gather_rows, the staging scatter (stage_rows, scatter_in_order), publish_adam; and two CPU-only
 // ops for the rest of the hot path's bookkeeping: refresh_bounds (the culling index after a publication),
-// validate_read (a read against the recent publications) and union_rows (the sorted union of row sets). Each has a
+// validate_read (a read against the recent publications), union_rows (the sorted union of row sets), and
+// declare_rows / settle_rows (the tables' pending-write marks). Each has a
 // pure-torch reference in odin_nerfstudio/kernels/_torch_impl.py that it equals bit for bit; the shapes and
 // contracts are documented there and in odin_nerfstudio/kernels/ops.py. Every float tensor is float32 and
 // contiguous, every index tensor int64.
@@ -96,5 +97,8 @@ std::tuple<bool, bool> validate_read_cpu(const at::Tensor& candidate, at::Tensor
                                          const at::Tensor& centres, const at::Tensor& radii,
                                          at::ArrayRef<double> region);
 at::Tensor union_rows_cpu(at::TensorList parts);
+void declare_rows_cpu(const at::Tensor& pending_step, const at::Tensor& rows, int64_t step);
+void settle_rows_cpu(const at::Tensor& published_step, const at::Tensor& pending_step, const at::Tensor& rows,
+                     at::TensorList declared, int64_t step);
 
 }  // namespace odin

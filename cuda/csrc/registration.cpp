@@ -1,5 +1,5 @@
-// Schemas of Odin's bookkeeping ops (four kernels, five ops, and the CPU-only refresh_bounds, validate_read and
-// union_rows; namespace `odin`) and the input checks both backends share.
+// Schemas of Odin's bookkeeping ops (four kernels, five ops, and the CPU-only refresh_bounds, validate_read,
+// union_rows, declare_rows and settle_rows; namespace `odin`) and the input checks both backends share.
 //
 // Each op has one name; its CPU implementation is registered in <kernel>.cpp and its CUDA one in <kernel>.cu with
 // TORCH_LIBRARY_IMPL, so the dispatcher (and torch.compile) sees one op per kernel. Shapes: see odin_ops.h and
@@ -86,7 +86,7 @@ TORCH_LIBRARY(odin, m) {
   m.def(
       "gather_rows(Tensor[] params, Tensor rows, Tensor seq, bool check_locks) "
       "-> (Tensor[] leaves, Tensor versions, Tensor locked)");
-  // A task's active rows (given positions, else the rows with a non-zero gradient) and their gradient rows.
+  // A task's active rows (given positions or a mask, else the rows with a non-zero gradient) and their gradient rows.
   m.def(
       "stage_rows(Tensor candidate, Tensor[] grads, Tensor? positions) -> (Tensor rows, Tensor[] staged)");
   // Sum per-task sparse gradient rows on their union, in task order (no order-dependent float atomics).
@@ -107,4 +107,9 @@ TORCH_LIBRARY(odin, m) {
       "-> (bool stale, bool moved)");
   // The sorted union of sorted unique row sets.
   m.def("union_rows(Tensor[] parts) -> Tensor rows");
+  // The tables' pending-write marks: a read declares its rows for its step; a publication settles them.
+  m.def("declare_rows(Tensor(a!) pending_step, Tensor rows, int step) -> ()");
+  m.def(
+      "settle_rows(Tensor(a!) published_step, Tensor(b!) pending_step, Tensor rows, Tensor[] declared, int step) "
+      "-> ()");
 }

@@ -1,7 +1,7 @@
 // The staging scatter on the CPU: stage_rows takes a task's active rows and their gradients out of its leaves (into
 // its ring slot); scatter_in_order sums T tasks' sparse gradient rows on the sorted union of their rows, in task order.
 //
-// stage_rows equals the runtime's active_positions + index_select (a copy: exact). scatter_in_order equals
+// stage_rows equals the runtime's active mask or positions + index_select (a copy: exact). scatter_in_order equals
 // core/sparse.py sum_in_order bit for bit: each union row starts from +0.0 and receives the tasks'
 // contributions in task order (one thread owns a union row, so no float atomics and no order that varies with
 // the schedule); a single task's update is returned as a copy (sum_in_order returns it as is, without 0 + g).
@@ -34,27 +34,35 @@ StageResult stage_rows_cpu(const at::Tensor& candidate, at::TensorList grads,
     total_width += width.back();
   }
   at::Tensor active;
-  if (positions.has_value()) {
-    // Positions given (the renderer's radii): torch's index_select per tensor, whose row copies beat a loop over
-    // rows of a few floats; in the op, they cost no Python call each.
+  if (positions.has_value() && positions->scalar_type() != at::kBool) {
+    // Positions given: torch's index_select per tensor, whose row copies beat a loop over rows of a few floats.
     active = positions->contiguous();
     check_positions(active, candidate, "stage_rows");
     std::vector<at::Tensor> staged;
     for (const at::Tensor& g : tensors) staged.push_back(g.index_select(0, active));
     return {candidate.index_select(0, active), staged};
   } else {
-    // Active: a row with a non-zero gradient element in any tensor (NaN counts, -0.0 does not: `!= 0`).
+    // Active: the mask's rows (the renderer's radii > 0), else a row with a non-zero gradient element in any tensor
+    // (NaN counts, -0.0 does not: `!= 0`).
     std::vector<uint8_t> nonzero(m, 0);
-    at::parallel_for(0, m, row_grain(total_width), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        bool any = false;
-        for (size_t p = 0; p < src.size() && !any; ++p) {
-          const float* in = src[p] + i * width[p];
-          for (int64_t d = 0; d < width[p]; ++d) any |= in[d] != 0.0f;
+    if (positions.has_value()) {
+      const at::Tensor mask = positions->contiguous();
+      TORCH_CHECK(mask.dim() == 1 && mask.numel() == m && mask.is_cpu(), "stage_rows: the active mask must be bool [",
+                  m, "] on the CPU, got ", mask.sizes(), " on ", mask.device());
+      const bool* in = mask.data_ptr<bool>();
+      for (int64_t i = 0; i < m; ++i) nonzero[i] = in[i];
+    } else {
+      at::parallel_for(0, m, row_grain(total_width), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          bool any = false;
+          for (size_t p = 0; p < src.size() && !any; ++p) {
+            const float* in = src[p] + i * width[p];
+            for (int64_t d = 0; d < width[p]; ++d) any |= in[d] != 0.0f;
+          }
+          nonzero[i] = any;
         }
-        nonzero[i] = any;
-      }
-    });
+      });
+    }
     int64_t count = 0;
     for (uint8_t v : nonzero) count += v;
     active = at::empty({count}, candidate.options());

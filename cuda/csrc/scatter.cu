@@ -71,7 +71,12 @@ StageResult stage_rows_cuda(const at::Tensor& candidate, at::TensorList grads,
     TORCH_CHECK(g.size(0) == m, "stage_rows: every gradient needs one row per candidate row");
   }
   at::Tensor active;
-  if (positions.has_value()) {
+  if (positions.has_value() && positions->scalar_type() == at::kBool) {
+    TORCH_CHECK(positions->dim() == 1 && positions->numel() == m && positions->device() == candidate.device(),
+                "stage_rows: the active mask must be bool [", m, "] on the candidate's device");
+    // A host synchronization, needed, as in the reference: the staged tensors' size is the count of active rows.
+    active = at::nonzero(*positions).flatten();
+  } else if (positions.has_value()) {
     active = positions->contiguous();
     check_positions(active, candidate, "stage_rows");
   } else {

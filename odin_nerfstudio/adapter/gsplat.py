@@ -87,8 +87,9 @@ class GsplatAdapter:
         if "means2d" in info and info["means2d"].requires_grad:
             info["means2d"].retain_grad()
 
-    def active_positions(self, info: dict[str, Any], size: int) -> Tensor | None:
-        """Positions in C(t) (``size`` rows) of A(t), the rows with radii > 0, sorted int64 [A]; None without radii."""
+    def active_mask(self, info: dict[str, Any], size: int) -> Tensor | None:
+        """Which of C(t)'s ``size`` rows are in A(t), the rows with radii > 0, bool [size]; None without radii (the
+        compaction into rows is the staging op's, ``kernels.ops.stage_rows``)."""
         if "radii" not in info:
             return None
         if self.packed:
@@ -97,7 +98,7 @@ class GsplatAdapter:
         else:
             radii = info["radii"].reshape(-1, size)
             visible = radii[0] > 0 if radii.shape[0] == 1 else (radii > 0).any(dim=0)
-        return torch.nonzero(visible).flatten()
+        return visible
 
     def task_stats(self, info: dict[str, Any], candidate: Tensor) -> dict[str, Tensor] | None:
         """The task's densification statistics in global rows (:data:`STATS_SCHEMA`); None without ``means2d``."""

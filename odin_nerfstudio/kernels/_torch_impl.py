@@ -66,17 +66,20 @@ def gather_rows(
 def stage_rows(
     candidate: Tensor, grads: Sequence[Tensor], positions: Tensor | None = None
 ) -> tuple[Tensor, list[Tensor]]:
-    """A task's active rows and their gradient rows: ``index_select`` at ``positions``, or at the rows with a
-    non-zero gradient element in any tensor when none are given (NaN counts, -0.0 does not).
+    """A task's active rows and their gradient rows: ``index_select`` at ``positions`` (or the mask's), or at the
+    rows with a non-zero gradient element in any tensor when none are given (NaN counts, -0.0 does not).
 
     Args:
         candidate: the task's C(t), int64 [M].
         grads: the gradients of its leaves, each [M, ...].
-        positions: positions in C(t) of A(t), int64 [A] (from the render's meta), or None.
+        positions: positions in C(t) of A(t), int64 [A], or a mask of them, bool [M] (from the render's meta), or
+            None.
 
     Returns:
         The rows ``candidate[positions]`` [A] and each gradient's rows [A, ...].
     """
+    if positions is not None and positions.dtype == torch.bool:
+        positions = torch.nonzero(positions).flatten()
     if positions is None:
         size = candidate.numel()
         nonzero = torch.zeros(size, dtype=torch.bool, device=candidate.device)

@@ -19,13 +19,15 @@ The four kernels (five ops), with the runtime steps they stand for:
 - :func:`publish_adam`: selective Adam on the union rows fused with the version bump, each row locked while
   written, priority rows first (``SelectiveAdam.step_rows`` + ``PrimitiveTables.publish``'s version advance).
 
-Three more ops, CPU only, take the rest of the hot path's per-row bookkeeping out of Python (on CUDA their reference
+Five more ops, CPU only, take the rest of the hot path's per-row bookkeeping out of Python (on CUDA their reference
 runs: torch's asynchronous ops there cost no host synchronization):
 
 - :func:`refresh_bounds`: the culling index's bounds of the rows a publication wrote (``BoundingSpheres.update``).
 - :func:`validate_read`: a read's stale and candidate checks against the rows published since it read
   (``Validator.validate``).
 - :func:`union_rows`: the sorted union of row sets (``union_sorted``): a step's pending writes, predicted ones.
+- :func:`declare_rows`, :func:`settle_rows`: the tables' pending-write marks (``PrimitiveTables.declare``,
+  ``settle``).
 
 The per-row ``seq`` word (int64 [N]) is twice the row's version (``PrimitiveTables.versions``), odd while a
 publication writes the row.
@@ -44,6 +46,7 @@ from odin_nerfstudio.core.batch_gain import scaled_lr
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows, union_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate, summed_sq_norms
+from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import _backend, _torch_impl
 
@@ -144,8 +147,8 @@ def stage_rows(
     Args:
         candidate: the task's C(t), int64 [M] (the rows of the leaves).
         grads: per name, the gradient of its leaf [M, ...].
-        positions: positions in C(t) of A(t), sorted int64 [A], where the render's meta says (gsplat's radii); None:
-            the rows with a non-zero gradient element.
+        positions: which rows of C(t) are in A(t), bool [M], or their positions, sorted int64 [A], where the
+            render's meta says (gsplat's radii > 0); None: the rows with a non-zero gradient element.
 
     Returns:
         A(t), the rows [A], and per name its gradient rows [A, ...] (fresh tensors).
@@ -239,6 +242,22 @@ def union_rows(parts: Sequence[Tensor], device: torch.device | str = "cpu") -> T
     if len(parts) <= 1 or not _compiled_on_cpu(parts[0].device):
         return union_sorted(parts, device)
     return torch.ops.odin.union_rows([part.contiguous() for part in parts])
+
+
+def declare_rows(tables: PrimitiveTables, rows: Tensor, step: int) -> None:
+    """Mark ``rows`` (int64 [M]) as possibly written by ``step`` (``PrimitiveTables.declare``), in one op on the CPU."""
+    if not _compiled_on_cpu(rows.device):
+        return tables.declare(rows, step)
+    torch.ops.odin.declare_rows(tables.pending_step, rows.contiguous(), step)
+
+
+def settle_rows(tables: PrimitiveTables, rows: Tensor, declared: Sequence[Tensor], step: int) -> None:
+    """The marks of ``step``'s publication (``PrimitiveTables.settle``): ``rows`` written, the ``declared`` sets no
+    longer pending; in one op on the CPU."""
+    if not _compiled_on_cpu(rows.device):
+        return tables.settle(rows, list(declared), step)
+    parts = [part.contiguous() for part in declared]
+    torch.ops.odin.settle_rows(tables.published_step, tables.pending_step, rows.contiguous(), parts, step)
 
 
 PublicationPart = Literal["whole", "first", "rest"]

@@ -34,9 +34,9 @@ class RenderAdapter(Protocol):
     def before_backward(self, info: dict[str, Any]) -> None:
         """Prepare a render's meta for backward when statistics are collected (gsplat: ``means2d.retain_grad()``)."""
 
-    def active_positions(self, info: dict[str, Any], size: int) -> Tensor | None:
-        """Positions in C(t) (``size`` gathered rows) of the active set A(t), sorted int64 [A]; None if the meta
-        does not say (the runtime then takes the rows with a non-zero gradient)."""
+    def active_mask(self, info: dict[str, Any], size: int) -> Tensor | None:
+        """Which of C(t)'s ``size`` gathered rows are in the active set A(t), bool [size]; None if the meta does not
+        say (the runtime then takes the rows with a non-zero gradient)."""
 
     def task_stats(self, info: dict[str, Any], candidate: Tensor) -> dict[str, Tensor] | None:
         """The task's statistics in global rows (``candidate`` [M_c] maps gathered rows to global ones), after

@@ -43,6 +43,7 @@ from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import densified
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import Task, task_generator
+from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
 from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
@@ -208,7 +209,7 @@ class OdinRuntime:
         """Let ``task`` read ``candidate`` (a first read, or a re-run on the synchronous state): declare it as the
         task's possible writes, log the read and gather it (unless not ``gather``)."""
         self.shadow.declare(task.key, candidate)
-        self.tables.declare(candidate, task.step)
+        ops.declare_rows(self.tables, candidate, task.step)
         early = self.publisher.early.get(self.published_through + 1)
         record = ReadRecord(candidate, self.published_through, admitted, None if early is None else early.published)
         if early is not None and bool(isin_sorted(early.published, candidate).any()):
@@ -317,7 +318,7 @@ class OdinRuntime:
         stats = None
         if self.strategy_state is not None and info is not None:
             stats = self.adapter.task_stats(info, read.candidate)
-        active = None if info is None else self.adapter.active_positions(info, read.candidate.numel())
+        active = None if info is None else self.adapter.active_mask(info, read.candidate.numel())
         task_stats = () if stats is None else (stats,)
         staged = self.shadow.stage_task(read.task.key, read.candidate, read.leaves, active, task_stats)
         self.remote.saw(read.task.view, staged)
@@ -434,7 +435,7 @@ class OdinRuntime:
             rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
         self.index.update(rows, means, scales)
         slot = self.shadow.free(step)
-        self.tables.settle(merged.rows, slot.declared_sets(), step)
+        ops.settle_rows(self.tables, merged.rows, slot.declared_sets(), step)
         for key in slot.candidates:
             self.log.forget(key)
         self.validator.published(step, merged.rows)

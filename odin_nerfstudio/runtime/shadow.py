@@ -230,8 +230,8 @@ class ShadowGraph:
             key: the task.
             candidate: its C(t), sorted int64 [M] (the rows of ``leaves``).
             leaves: per name, its gathered leaves [M, ...] with their gradients.
-            active: positions in C(t) of A(t), sorted int64 [A] (the rows staged, with their gradient rows), or
-                None: the rows with a non-zero gradient (the kernel op ``stage_rows`` finds them).
+            active: which rows of C(t) are in A(t), bool [M] (or their positions, sorted int64 [A]): the rows staged,
+                with their gradient rows; None: the rows with a non-zero gradient (the op ``stage_rows`` finds them).
             stats: the task's statistics (none, or one dict).
 
         With ``measure_norms`` the staged update carries its gradients' squared norms (``SparseUpdate.sq_norms``),

@@ -18,6 +18,7 @@ from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.conflicts import StepRows
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate
+from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
 from tests.kernels.conftest import (
@@ -103,14 +104,12 @@ def test_gather_rows_equals_reference(device: str, num_rows: int, reads: int, lo
 @given(
     num_rows=st.integers(0, 400),
     sparsity=st.floats(0.0, 1.0),
-    given_positions=st.booleans(),
+    given=st.sampled_from(["none", "positions", "mask"]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_stage_rows_equals_reference(
-    device: str, num_rows: int, sparsity: float, given_positions: bool, seed: int
-) -> None:
+def test_stage_rows_equals_reference(device: str, num_rows: int, sparsity: float, given: str, seed: int) -> None:
     """A task's active rows out of its leaves' gradients: rows with a gradient (a NaN counts, -0.0 does not), or
-    the positions the render reports."""
+    the rows the render reports, as positions or as a mask."""
     require_compiled(device)
     generator = torch.Generator().manual_seed(seed)
     params, _ = make_model(num_rows, seed, device)
@@ -125,9 +124,8 @@ def test_stage_rows_equals_reference(
             grad[0] = 0.0
             grad[1] = -0.0  # only negative zeros: not active
         grads["means"][0, 1] = float("nan")  # only a NaN among zeros: active
-    positions = None
-    if given_positions:
-        positions = torch.nonzero(torch.rand(num_rows, generator=generator) < 0.5).flatten().to(device)
+    mask = (torch.rand(num_rows, generator=generator) < 0.5).to(device)
+    positions = {"none": None, "positions": torch.nonzero(mask).flatten(), "mask": mask}[given]
     with ops.use_reference():
         want_rows, want = ops.stage_rows(candidate, grads, positions)
     got_rows, got = ops.stage_rows(candidate, grads, positions)
@@ -136,17 +134,20 @@ def test_stage_rows_equals_reference(
         assert torch.equal(got[name].isnan(), want[name].isnan())
         assert torch.equal(torch.nan_to_num(got[name]), torch.nan_to_num(want[name]))
         assert torch.equal(torch.signbit(got[name]), torch.signbit(want[name]))
-    if num_rows > 2 and not given_positions:
+    if num_rows > 2 and given == "none":
         assert int(candidate[0]) in got_rows.tolist() and int(candidate[1]) not in got_rows.tolist()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_stage_rows_rejects_bad_positions(device: str) -> None:
-    """Positions past C(t) (on the CPU) or on another device than C(t) (on CUDA) are refused with the reason."""
+    """A mask of another size than C(t), positions past C(t) (on the CPU) or on another device than C(t) (on CUDA)
+    are refused with the reason."""
     require_compiled(device)
     params, _ = make_model(8, 0, device)
     candidate = torch.arange(8, dtype=torch.int64, device=device)
     grads = {name: torch.ones_like(param) for name, param in params.items()}
+    with pytest.raises(RuntimeError, match="the active mask must be bool"):
+        ops.stage_rows(candidate, grads, torch.ones(7, dtype=torch.bool, device=device))
     if device == "cpu":
         with pytest.raises(RuntimeError, match="position 8 out of range"):
             ops.stage_rows(candidate, grads, torch.tensor([0, 8]))
@@ -326,6 +327,30 @@ def test_union_rows_equals_reference(num_rows: int, parts: int, seed: int) -> No
         want = ops.union_rows(sets)
     got = ops.union_rows(sets)
     assert torch.equal(got, want) and got.dtype == torch.int64
+
+
+@SETTINGS
+@given(num_rows=st.integers(1, 300), reads=st.integers(0, 6), seed=st.integers(0, 2**31 - 1))
+def test_declare_and_settle_rows_equal_reference(num_rows: int, reads: int, seed: int) -> None:
+    """The tables' pending-write marks (CPU only): reads of steps 3..5 declared, then step 4's publication settled
+    (marks at or before it cleared on the declared rows, later ones kept)."""
+    require_compiled("cpu")
+    generator = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(0, num_rows + 1, (reads,), generator=generator).tolist()
+    sets = [random_rows(generator, num_rows, size, "cpu") for size in sizes]
+    written = random_rows(generator, num_rows, num_rows // 2, "cpu")
+    tables = {backend: PrimitiveTables.create(num_rows) for backend in ("reference", "compiled")}
+    for backend, table in tables.items():
+        with ops.use_reference(backend == "reference"):
+            for i, rows in enumerate(sets):
+                ops.declare_rows(table, rows, 3 + i % 3)
+            ops.settle_rows(table, written, sets[: reads // 2 + 1], 4)
+    want, got = tables["reference"], tables["compiled"]
+    assert torch.equal(got.pending_step, want.pending_step) and torch.equal(got.published_step, want.published_step)
+    if reads >= 3:
+        assert bool((got.pending_step[sets[2]] == 5).all())  # step 5's marks outlive step 4's publication
+    if reads:
+        assert bool((got.published_step[written] == 4).all()) and not bool((got.pending_step[sets[0]] == 3).any())
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -31,6 +31,8 @@ OPS = (
     "odin::refresh_bounds",
     "odin::validate_read",
     "odin::union_rows",
+    "odin::declare_rows",
+    "odin::settle_rows",
 )
 INTERLEAVINGS = {"round-robin": [], "worker 1 ahead": [1] * 40}
 
