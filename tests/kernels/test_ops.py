@@ -408,3 +408,33 @@ def test_ops_past_2_to_the_24_rows(device: str) -> None:
     got, got_conflicts = ops.cull_conflicts(bounds, region, 2, writes)
     assert torch.equal(got, want) and torch.equal(got_conflicts.rows, want_conflicts.rows)
     assert int(got.max()) >= 2**24 and got_conflicts.rows.numel() > 0
+    if device != "cpu":
+        return  # the CPU-only ops below run their reference on CUDA
+
+    # The CPU-only ops on rows past 2^24: the index's refresh, validation's checks, unions and the pending marks.
+    bounds.index()
+    moved = rows[-40:]
+    new_means = torch.tensor([0.0, 0.0, 6.0]) + 0.01 * torch.randn(moved.numel(), 3, generator=generator)
+    new_scales = torch.full((moved.numel(), 3), 0.02)
+    want_bounds = copy.deepcopy(bounds)
+    with ops.use_reference():
+        ops.refresh_bounds(want_bounds, moved, new_means, new_scales)
+    ops.refresh_bounds(bounds, moved, new_means, new_scales)
+    assert torch.equal(bounds.centres, want_bounds.centres) and torch.equal(bounds.radii, want_bounds.radii)
+    assert torch.equal(bounds.blocks.bounds, want_bounds.blocks.bounds)
+
+    written = [(1, tail[-100:]), (2, torch.tensor([2**24 + 3]))]
+    with ops.use_reference():
+        want_checks = ops.validate_read(got[: got.numel() // 2], written, {}, bounds, region)
+        want_union = ops.union_rows([rows[::2].contiguous(), tail])
+    assert ops.validate_read(got[: got.numel() // 2], written, {}, bounds, region) == want_checks
+    assert torch.equal(ops.union_rows([rows[::2].contiguous(), tail]), want_union)
+
+    tables = {backend: PrimitiveTables.create(num_rows) for backend in ("reference", "compiled")}
+    for backend, table in tables.items():
+        with ops.use_reference(backend == "reference"):
+            ops.declare_rows(table, rows, 5)
+            ops.settle_rows(table, tail, [rows], 5)
+    assert torch.equal(tables["compiled"].pending_step, tables["reference"].pending_step)
+    assert torch.equal(tables["compiled"].published_step, tables["reference"].published_step)
+    assert int(tables["compiled"].published_step[-1]) == 5
