@@ -1,6 +1,4 @@
-// refresh_bounds on the CPU: the culling index's refresh after a publication, in one pass over the rows written;
-// and the pending-write marks of the per-primitive tables (declare_rows, settle_rows: core/tables.py's declare and
-// settle, integer marks, exact).
+// refresh_bounds on the CPU: the culling index's refresh after a publication, in one pass over the rows written.
 //
 // Equals culling/candidates.py BoundingSpheres.update with its block index bit for bit: each row's centre and
 // 3-sigma radius (3 * max(scale), NaN if a scale is NaN, as torch's max) are copied into the column-major bounds
@@ -94,50 +92,6 @@ double refresh_bounds_cpu(const at::Tensor& centres, const at::Tensor& radii, co
   return magnitude;
 }
 
-namespace {
-
-void check_marks(const at::Tensor& table, const at::Tensor& rows, const char* what) {
-  TORCH_CHECK(table.dim() == 1 && table.scalar_type() == at::kLong && table.is_cpu() && table.is_contiguous(), what,
-              ": the table must be contiguous CPU int64 [N]");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.is_cpu() && rows.is_contiguous(), what,
-              ": rows must be contiguous CPU int64 [M]");
-  const int64_t n = table.numel();
-  const int64_t* row = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i) {
-    TORCH_CHECK(row[i] >= 0 && row[i] < n, what, ": row ", row[i], " out of range [0, ", n, ")");
-  }
-}
-
-}  // namespace
-
-void declare_rows_cpu(const at::Tensor& pending_step, const at::Tensor& rows, int64_t step) {
-  check_marks(pending_step, rows, "declare_rows");
-  int64_t* pending = pending_step.data_ptr<int64_t>();
-  const int64_t* row = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i) pending[row[i]] = std::max(pending[row[i]], step);
-}
-
-void settle_rows_cpu(const at::Tensor& published_step, const at::Tensor& pending_step, const at::Tensor& rows,
-                     at::TensorList declared, int64_t step) {
-  check_marks(published_step, rows, "settle_rows");
-  TORCH_CHECK(pending_step.numel() == published_step.numel(), "settle_rows: both tables have N rows");
-  int64_t* published = published_step.data_ptr<int64_t>();
-  int64_t* pending = pending_step.data_ptr<int64_t>();
-  const int64_t* row = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i) published[row[i]] = step;
-  for (const at::Tensor& part : declared) {
-    check_marks(pending_step, part, "settle_rows");
-    const int64_t* cleared = part.data_ptr<int64_t>();
-    for (int64_t i = 0; i < part.numel(); ++i) {
-      if (pending[cleared[i]] <= step) pending[cleared[i]] = kNoStep;
-    }
-  }
-}
-
 }  // namespace odin
 
-TORCH_LIBRARY_IMPL(odin, CPU, m) {
-  m.impl("refresh_bounds", &odin::refresh_bounds_cpu);
-  m.impl("declare_rows", &odin::declare_rows_cpu);
-  m.impl("settle_rows", &odin::settle_rows_cpu);
-}
+TORCH_LIBRARY_IMPL(odin, CPU, m) { m.impl("refresh_bounds", &odin::refresh_bounds_cpu); }

@@ -1,7 +1,7 @@
 // Odin's primitive-level bookkeeping kernels: shared declarations of the CPU and CUDA implementations.
 //
 // Four kernels, five ops, registered under the `odin` namespace (registration.cpp holds their schemas):
-// cull_conflicts, gather_rows, the staging scatter (stage_rows, scatter_in_order), publish_adam; and two CPU-only
+// cull_conflicts, gather_rows, the staging scatter (stage_rows, scatter_in_order), publish_adam; and five CPU-only
 // ops for the rest of the hot path's bookkeeping: refresh_bounds (the culling index after a publication),
 // validate_read (a read against the recent publications), union_rows (the sorted union of row sets), and
 // declare_rows / settle_rows (the tables' pending-write marks). Each has a
@@ -77,6 +77,8 @@ void check_rows_tensors(const std::vector<at::Tensor>& params, const at::Tensor&
 // scatter_in_order's T row tensors (sorted unique int64, one device) and T x P gradients (task-major, float32
 // [A_t, ...] each); returns P.
 int64_t check_scatter_inputs(at::TensorList rows, at::TensorList grads);
+// The sorted union of sorted row sets on the CPU (each merged in turn, duplicates dropped): rows.cpp.
+std::vector<int64_t> sorted_union(at::TensorList parts);
 // Positions into the M rows of ``rows``: int64 [A] on the rows' device (range-checked where they live on the CPU).
 void check_positions(const at::Tensor& positions, const at::Tensor& rows, const char* what);
 

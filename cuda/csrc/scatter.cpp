@@ -12,7 +12,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <iterator>
 #include <optional>
 
 #include "odin_ops.h"
@@ -101,22 +100,12 @@ ScatterResult scatter_in_order_cpu(at::TensorList rows, at::TensorList grads) {
     for (const at::Tensor& g : grads) copies.push_back(g.clone());
     return {rows[0].clone(), copies};
   }
-  // The union: each task's rows are sorted, so merge them one task at a time (O(R T), no sort), then deduplicate.
+  // The union: each task's rows are sorted, so they are merged one task at a time (O(R T), no sort).
+  const std::vector<int64_t> merged = sorted_union(rows);
   std::vector<const int64_t*> first(tasks), last(tasks);
-  int64_t total = 0;
   for (int64_t t = 0; t < tasks; ++t) {
     first[t] = rows[t].data_ptr<int64_t>();
     last[t] = first[t] + rows[t].numel();
-    total += rows[t].numel();
-  }
-  std::vector<int64_t> merged, buffer;
-  merged.reserve(total);
-  buffer.reserve(total);
-  for (int64_t t = 0; t < tasks; ++t) {
-    buffer.clear();
-    std::merge(merged.begin(), merged.end(), first[t], last[t], std::back_inserter(buffer));
-    buffer.erase(std::unique(buffer.begin(), buffer.end()), buffer.end());
-    merged.swap(buffer);
   }
   const int64_t u = static_cast<int64_t>(merged.size());
   at::Tensor union_rows = at::empty({u}, rows[0].options());

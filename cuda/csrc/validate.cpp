@@ -1,19 +1,13 @@
-// validate_read on the CPU: a read without admitted stale rows checked against the rows published since it read;
-// and union_rows, the sorted union of sorted row sets (a step's writes, the rows validation and reads check against).
+// validate_read on the CPU: a read without admitted stale rows checked against the rows published since it read.
 //
 // Equals runtime/validation.py Validator.validate's stale and candidate checks for such a read: "stale" when a
 // written row is in C(t) (binary search in the sorted candidate set), "candidate" when a written row outside C(t)
 // now meets the task's culling region (cull_region.h's row test, _meets' float32 operations in _meets' order).
 // Both answers go to the host anyway (validation decides on the host whether to re-run), hence CPU only.
-// union_rows equals core/conflicts.py union_sorted (a set: exact), merging the sorted parts instead of sorting
-// their concatenation.
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <iterator>
 #include <tuple>
-#include <vector>
 
 #include "cull_region.h"
 #include "odin_ops.h"
@@ -57,31 +51,6 @@ std::tuple<bool, bool> validate_read_cpu(const at::Tensor& candidate, at::Tensor
   return {stale, moved};
 }
 
-at::Tensor union_rows_cpu(at::TensorList parts) {
-  TORCH_CHECK(!parts.empty(), "union_rows: at least one part");
-  int64_t total = 0;
-  for (const at::Tensor& part : parts) {
-    TORCH_CHECK(part.dim() == 1 && part.scalar_type() == at::kLong && part.is_cpu() && part.is_contiguous(),
-                "union_rows: every part must be contiguous sorted unique CPU int64 [R]");
-    total += part.numel();
-  }
-  std::vector<int64_t> merged, buffer;
-  merged.reserve(total);
-  buffer.reserve(total);
-  for (const at::Tensor& part : parts) {
-    const int64_t* begin = part.data_ptr<int64_t>();
-    buffer.clear();
-    std::set_union(merged.begin(), merged.end(), begin, begin + part.numel(), std::back_inserter(buffer));
-    merged.swap(buffer);
-  }
-  at::Tensor rows = at::empty({static_cast<int64_t>(merged.size())}, parts[0].options());
-  std::copy(merged.begin(), merged.end(), rows.data_ptr<int64_t>());
-  return rows;
-}
-
 }  // namespace odin
 
-TORCH_LIBRARY_IMPL(odin, CPU, m) {
-  m.impl("validate_read", &odin::validate_read_cpu);
-  m.impl("union_rows", &odin::union_rows_cpu);
-}
+TORCH_LIBRARY_IMPL(odin, CPU, m) { m.impl("validate_read", &odin::validate_read_cpu); }

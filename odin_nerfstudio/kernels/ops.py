@@ -74,7 +74,7 @@ def compiled(device: torch.device | str) -> bool:
 
 
 def _compiled_on_cpu(device: torch.device | str) -> bool:
-    """Whether a CPU-only op (``refresh_bounds``, ``validate_read``) will run: compiled ops and a CPU tensor."""
+    """Whether a CPU-only op (``refresh_bounds``, ``validate_read``, ...) will run: compiled ops, a CPU tensor."""
     return torch.device(device).type == "cpu" and compiled(device)
 
 
