@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -27,7 +29,13 @@ from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.drivers.step_loop import run_step, settle
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.comm.transport import DistributedTransport, Transport, VirtualTransport
+from odin_nerfstudio.comm.transport import (
+    DistributedHandle,
+    DistributedTransport,
+    Transport,
+    VirtualTransport,
+    _Closed,
+)
 from odin_nerfstudio.drivers.virtual import run_virtual
 from odin_nerfstudio.kernels import ops
 from tests.runtime.test_runtime import epoch_schedule
@@ -145,6 +153,61 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
     except BaseException:
         (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
     os._exit(0)
+
+
+class _LateWork:
+    """A collective's work that completes ``delay_s`` after it is made (its future set by a timer), counting how
+    often its completion is polled."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.polls = 0
+        self.completed_at: float | None = None
+        threading.Timer(delay_s, self._complete).start()
+
+    def _complete(self) -> None:
+        self.completed_at = time.monotonic()
+        self.future.set_result(None)
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def is_completed(self) -> bool:
+        self.polls += 1
+        return self.future.done()
+
+    def wait(self) -> bool:
+        return True
+
+
+def _bare_gloo_transport(timeout: float) -> DistributedTransport:
+    """A CPU transport's waiting state only (no process group): what ``_wait`` reads."""
+    transport = object.__new__(DistributedTransport)
+    transport.template, transport.timeout, transport.world_size = template(), timeout, 2
+    transport._closed = threading.Event()
+    return transport
+
+
+def test_the_gloo_progress_thread_sleeps_on_a_collective_until_it_completes_or_the_transport_closes() -> None:
+    """On gloo the progress thread waits on the collective's future: it wakes when the collective completes (a
+    late peer: 0.3 s), not every 0.5 ms to poll it (which took CPU from the renders beside it), and still notices a
+    close of the transport and its own timeout, naming the part."""
+    transport = _bare_gloo_transport(timeout=5.0)
+    handle = DistributedHandle(transport, 3, local_update(3, 0))
+    work = _LateWork(0.3)
+    transport._wait(work, handle, "gradient rows")
+    assert work.completed_at is not None and time.monotonic() - work.completed_at < 0.1
+    assert work.polls <= 3, f"polled {work.polls} times in 0.3 s: the thread must sleep on the future"
+
+    threading.Timer(0.1, transport._closed.set).start()
+    start = time.monotonic()
+    with pytest.raises(_Closed):
+        transport._wait(_LateWork(30.0), handle, "gradient rows")
+    assert time.monotonic() - start < 1.0
+
+    transport = _bare_gloo_transport(timeout=0.2)
+    with pytest.raises(TimeoutError, match="exchange of step 3: the gradient rows"):
+        transport._wait(_LateWork(30.0), DistributedHandle(transport, 3, local_update(3, 0)), "gradient rows")
 
 
 def test_gloo_transport_merges_like_sum_in_order_and_names_its_timeouts(tmp_path: Path) -> None:
