@@ -44,7 +44,7 @@ Where every view sees most Gaussians this is immaterial (kermit_320 at 80x60: 97
 after 1 and 200 views).
 
 Sum, not mean: Odin's step SUMS the W x B views' gradients (``core/sparse.py``'s ``sum_in_order``, the reference
-semantics of DESIGN.md), i.e. exactly ``bsz`` times Grendel's mean, for every row and step (Grendel divides by
+semantics of docs/design.md), i.e. exactly ``bsz`` times Grendel's mean, for every row and step (Grendel divides by
 ``bsz``, not by a row's visible count). Adam is invariant to a constant factor c on its gradients except for eps:
 m -> c m, sqrt(v) -> c sqrt(v), so the update lr m / (sqrt(v) + eps) equals the mean's with eps / c. Hence, for a
 sum, the learning rate takes the same ``sqrt(bsz)`` and eps is MULTIPLIED by ``sqrt(bsz)`` (= bsz x Grendel's
