@@ -46,7 +46,8 @@ from _report import BENCHMARKS, publish
 from bench_runtime import SH_DEGREE, Variant, machine, odin_schedule, perturbed_params, rig_cameras
 
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
-from odin_nerfstudio.comm.transport import CHOICES, DistributedTransport
+from odin_nerfstudio.comm.distributed import DistributedTransport
+from odin_nerfstudio.comm.exchange_choice import CHOICES
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.rendering.rasterize import drawn_rows

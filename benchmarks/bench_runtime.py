@@ -75,7 +75,7 @@ from odin_nerfstudio.runtime.shadow import MEMORY_KINDS
 from odin_nerfstudio.core.sparse import tensor_bytes
 from odin_nerfstudio.scenes.synth import GaussianWorld, intrinsics, street_rig_cameras, street_world
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.comm.transport import VirtualTransport
+from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.drivers.virtual import VirtualRunReport, run_virtual
 from odin_nerfstudio.kernels import ops
 

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from odin_nerfstudio.comm.transport import VirtualTransport  # noqa: E402
+from odin_nerfstudio.comm.inprocess import VirtualTransport  # noqa: E402
 from odin_nerfstudio.core.camera import Camera  # noqa: E402
 from odin_nerfstudio.core.conflicts import StepRows  # noqa: E402
 from odin_nerfstudio.core.selective_adam import selective_adams  # noqa: E402

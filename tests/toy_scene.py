@@ -21,7 +21,7 @@ from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntime
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.comm.transport import VirtualTransport
+from odin_nerfstudio.comm.inprocess import VirtualTransport
 
 IMAGE = 8
 NEAR = 0.01

@@ -1,4 +1,4 @@
-"""An emulated interconnect around any :class:`~odin_nerfstudio.comm.transport.Transport`: an exchange is delivered
+"""An emulated interconnect around any :class:`~odin_nerfstudio.comm.protocol.Transport`: an exchange is delivered
 only once every worker's message has crossed a modeled link (latency + bytes / bandwidth).
 
 Why: on one CPU machine, gloo over loopback makes an exchange nearly free, so a barrier loses only to imbalance; on
@@ -12,7 +12,7 @@ everywhere at ``send_r + latency + bytes_r / bandwidth``, bytes_r being its spar
 for first). The exchange is delivered on every worker at the latest arrival, as a collective completes everywhere
 once every part has crossed. Where workers asked for rows first, the message sends its rows and asked rows, then the
 asked-for gradient rows, then the rest: the first part is delivered at the latest ``send_r + latency + first_r /
-bandwidth``, first_r being worker r's bytes up to it (:attr:`~odin_nerfstudio.comm.transport.FirstPart.sent_bytes`).
+bandwidth``, first_r being worker r's bytes up to it (:attr:`~odin_nerfstudio.comm.protocol.FirstPart.sent_bytes`).
 Messages do not contend for a link (a full-bisection network, one message per worker and exchange), which is the
 all-gather of two workers exactly and an optimistic bound for more.
 
@@ -46,7 +46,9 @@ from typing import Any, Literal, Protocol
 
 from torch import Tensor
 
-from odin_nerfstudio.comm.transport import ExchangeHandle, FirstPart, Transport, VirtualTransport, asked_bytes
+from odin_nerfstudio.comm.inprocess import VirtualTransport
+from odin_nerfstudio.comm.protocol import ExchangeHandle, FirstPart, Transport
+from odin_nerfstudio.comm.wire import asked_bytes
 from odin_nerfstudio.core.sparse import SparseUpdate
 
 Clock = Callable[[], float]
@@ -259,7 +261,7 @@ class LinkedHandle:
 
     @property
     def bytes(self) -> Any:
-        """The real exchange's :class:`~odin_nerfstudio.comm.transport.ExchangeBytes` once done (None for a
+        """The real exchange's :class:`~odin_nerfstudio.comm.exchange_choice.ExchangeBytes` once done (None for a
         transport that does not count them, such as the in-process one)."""
         return getattr(self.inner, "bytes", None)
 

@@ -9,11 +9,13 @@ second), all-gathered as one small tensor.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from odin_nerfstudio.comm.transport import require_no_exchange_in_flight
+from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
 
 
 def replica_checksum(params: dict[str, Tensor]) -> Tensor:
@@ -29,14 +31,20 @@ def replica_checksum(params: dict[str, Tensor]) -> Tensor:
     return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
 
 
-def check_replicas(params: dict[str, Tensor], step: int, group: dist.ProcessGroup | None = None) -> None:
-    """Compare this rank's checksum with every rank's (a collective: every rank calls it at the same step).
+def check_replicas(
+    params: dict[str, Tensor],
+    step: int,
+    group: dist.ProcessGroup | None = None,
+    transports: Iterable[DistributedTransport] = (),
+) -> None:
+    """Compare this rank's checksum with every rank's (a collective: every rank calls it at the same step), once
+    no exchange of ``transports`` (the caller's) is in flight.
 
     Raises:
         RuntimeError: naming the step, the ranks that differ from rank 0 and their parameters; or an exchange is
             still in flight (settle first: the progress thread owns the collectives until then).
     """
-    require_no_exchange_in_flight(f"the replica check of step {step}")
+    require_no_exchange_in_flight(f"the replica check of step {step}", transports)
     mine = replica_checksum(params)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)

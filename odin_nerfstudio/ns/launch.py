@@ -31,7 +31,6 @@ from nerfstudio.plugins.registry import discover_methods
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.liveness import SILENCE_S, Heartbeat
-from odin_nerfstudio.comm.transport import close_transports
 from odin_nerfstudio.ns.options import OptionError, check_options
 from odin_nerfstudio.ns.signals import exit_on_sigterm
 from odin_nerfstudio.ns.trainer import require_cuda_if_asked
@@ -102,7 +101,7 @@ def main(config: TrainerConfig) -> None:
         trainer.train()
     except BaseException as error:
         _end_job(error, rank, heartbeat)
-    close_transports()  # the exchanges' progress thread, like the heartbeat, must not outlive the process group
+    trainer.close_transports()  # the exchanges' progress thread, like the heartbeat, must not outlive the process group
     heartbeat.stop()
     dist.destroy_process_group()
 

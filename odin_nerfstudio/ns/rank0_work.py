@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Iterable
 
 import torch.distributed as dist
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_nerfstudio.comm.transport import require_no_exchange_in_flight
+from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
 
 
-def wait_for_rank0(what: str, step: int, timeout_s: float) -> float:
-    """Every rank waits here until rank 0 has done ``what`` of ``step``; returns the seconds waited.
+def wait_for_rank0(what: str, step: int, timeout_s: float, transports: Iterable[DistributedTransport] = ()) -> float:
+    """Every rank waits here until rank 0 has done ``what`` of ``step``; returns the seconds waited. No exchange
+    of ``transports`` (the caller's) may be in flight.
 
     gloo's monitored barrier names the ranks that did not arrive; NCCL's barrier waits up to the process group's
     timeout.
@@ -27,7 +29,7 @@ def wait_for_rank0(what: str, step: int, timeout_s: float) -> float:
     Raises:
         TimeoutError: the barrier was not reached by every rank within ``timeout_s``; names ``what`` and ``step``.
     """
-    require_no_exchange_in_flight(f"the barrier after rank 0's {what} of step {step}")
+    require_no_exchange_in_flight(f"the barrier after rank 0's {what} of step {step}", transports)
     start = time.monotonic()
     try:
         if dist.get_backend() == "gloo":

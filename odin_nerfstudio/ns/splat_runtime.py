@@ -27,7 +27,8 @@ from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime
 from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.core.tasks import Task, TaskKey, step_tasks
-from odin_nerfstudio.comm.transport import Transport, VirtualTransport
+from odin_nerfstudio.comm.inprocess import VirtualTransport
+from odin_nerfstudio.comm.protocol import Transport
 from odin_nerfstudio.drivers.virtual import run_virtual
 from odin_nerfstudio.kernels import ops
 

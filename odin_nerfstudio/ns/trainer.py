@@ -45,7 +45,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.link import InterconnectName
-from odin_nerfstudio.comm.transport import ExchangeChoice
+from odin_nerfstudio.comm.exchange_choice import ExchangeChoice
 from odin_nerfstudio.core.timeline_metrics import TimelineMeter, live_scalars
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
@@ -106,7 +106,7 @@ class OdinTrainerConfig(TrainerConfig):
     delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
     communication free. none: the real transport only."""
     exchange: ExchangeChoice = "auto"
-    """Distributed: how a step's gradient rows travel (`odin_nerfstudio.comm.transport`): auto (per step, the fewest
+    """Distributed: how a step's gradient rows travel (`comm/exchange_choice.py`): auto (per step, the fewest
     predicted bytes), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
     them) or dense (all_reduce of every row)."""
 
@@ -130,6 +130,8 @@ class OdinTrainer(Trainer):
         """nerfstudio's trainer, once the device it is asked to train on exists."""
         require_cuda_if_asked(config.machine.device_type)
         super().__init__(config, local_rank, world_size)
+        self.distributed_transports: list = []
+        """The torch.distributed transports this trainer made (`_transports`): it guards and closes them."""
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
@@ -210,7 +212,8 @@ class OdinTrainer(Trainer):
         the `interconnect` link model when one is chosen (then in-process workers get their linked endpoints)."""
         from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
         from odin_nerfstudio.comm.link import link_preset, linked_distributed, linked_virtual
-        from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport
+        from odin_nerfstudio.comm.distributed import DistributedTransport
+        from odin_nerfstudio.comm.inprocess import VirtualTransport
         from odin_nerfstudio.kernels.ops import scatter_in_order
 
         link = link_preset(self.config.interconnect)
@@ -223,7 +226,14 @@ class OdinTrainer(Trainer):
         transport = DistributedTransport(
             params, timeout, stats_schema=STATS_SCHEMA, choice=self.config.exchange, merge=scatter_in_order
         )
+        self.distributed_transports.append(transport)
         return [transport if link is None else linked_distributed(transport, link)]
+
+    def close_transports(self) -> None:
+        """Stop the progress threads of the transports this trainer made (before the process group is
+        destroyed: a daemon thread inside a collective at exit aborts the process)."""
+        for transport in self.distributed_transports:
+            transport.close()
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:
         """Point each selective Adam at the model's current parameter, carrying its state.
@@ -369,7 +379,7 @@ class OdinTrainer(Trainer):
         from odin_nerfstudio.ns.rank0_work import wait_for_rank0
 
         if self.world_size > 1:
-            wait_for_rank0(what, step, self.config.rank0_work_timeout_s)
+            wait_for_rank0(what, step, self.config.rank0_work_timeout_s, self.distributed_transports)
 
     def _load_checkpoint(self) -> None:
         """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime."""
@@ -418,7 +428,7 @@ class OdinTrainer(Trainer):
         from odin_nerfstudio.comm.replicas import check_replicas
 
         self._settle()
-        check_replicas(dict(self.pipeline.model.gauss_params), step)
+        check_replicas(dict(self.pipeline.model.gauss_params), step, transports=self.distributed_transports)
 
     def _settle(self) -> None:
         """Publish every started step (the runtime exists once setup has run)."""

@@ -1,6 +1,6 @@
 """Exchange bookkeeping, as DDP's Reducer keeps it: which worker's update of which step is ready and sent.
 
-The transport (``comm/transport.py``) moves the bytes; this part knows how many tasks each worker runs per step
+The transport (``comm/protocol.py``) moves the bytes; this part knows how many tasks each worker runs per step
 (B, or a short step's plan), whether a worker's part of a step can be committed, the handles of the exchanges in
 flight and their communication time. A step is committed only once every earlier step is published, so exchanges
 start in step order on every worker. See ``docs/architecture.md``.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from odin_nerfstudio.comm.transport import ExchangeHandle, FirstPart, Transport
+from odin_nerfstudio.comm.protocol import ExchangeHandle, FirstPart, Transport
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.shadow import RingSlot

@@ -14,7 +14,7 @@ rows, so a publication cannot overwrite what it read (WAR). ``core/conflicts.py`
 concurrent publication. See ``docs/architecture.md``.
 
 Priority publication (the design's "rows a waiting reader needs go first"): where the exchange delivers a first
-part (the rows the workers' next tasks asked for, ``comm/transport.py``'s :class:`FirstPart`), those rows are
+part (the rows the workers' next tasks asked for, ``comm/protocol.py``'s :class:`FirstPart`), those rows are
 published as soon as it arrives (:meth:`Publisher.apply_first`), and the rest with the statistics once the whole
 update has (:meth:`Publisher.apply`). Adam is row-wise and both calls run at the same global step (the first
 advances it, the second runs the step's hooks), so every row gets the bits a whole publication gives it.
@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
-from odin_nerfstudio.comm.transport import FirstPart
+from odin_nerfstudio.comm.protocol import FirstPart
 from odin_nerfstudio.core.batch_gain import AdaptiveGain, squared_norms
 from odin_nerfstudio.core.conflicts import isin_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam

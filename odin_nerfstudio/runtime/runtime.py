@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
-from odin_nerfstudio.comm.transport import FirstPart, Transport
+from odin_nerfstudio.comm.protocol import FirstPart, Transport
 from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows, isin_sorted, raw, union_sorted
 from odin_nerfstudio.core.heap import keep_freed_memory

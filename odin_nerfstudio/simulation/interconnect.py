@@ -10,9 +10,11 @@ question per step: the time every worker holds the merged update. Four answers, 
   ``(W - 1) x max_r bytes_r / bandwidth + latency x hops``, hops ``W - 1`` (ring) or ``ceil(log2 W)`` (tree).
 - ``ring-allreduce``: the dense baseline (DDP's barrier): ``2 (W - 1) / W x dense_bytes / bandwidth`` plus
   ``2 (W - 1)`` latencies, whatever the rows touched.
-- ``chosen``: what ``comm/transport.DistributedTransport`` runs, per step the exchange of fewest bytes: the sparse
+- ``chosen``: what ``comm/distributed.DistributedTransport`` runs, per step the exchange of fewest bytes: the sparse
   all-gather above, union-then-reduce (an all-gather of the row indices, 8 bytes a row, then a ring all-reduce of
   the union's |U| gradient rows) or the dense all-reduce, each timed as a ring.
+- the bytes of every collective are the transport's own byte model (``comm/exchange_choice.py``'s
+  :class:`RingBytes`, and its :func:`cheapest` for ``chosen``), given a part's rows of ``row_bytes`` each.
 - every collective adds ``base_s`` after the last part is sent: the real transport's own time (gloo on loopback).
 """
 
@@ -23,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from odin_nerfstudio.comm.exchange_choice import RingBytes, cheapest
 from odin_nerfstudio.comm.link import link_preset
+from odin_nerfstudio.comm.wire import INDEX_BYTES
 from odin_nerfstudio.simulation.workload import ROW_BYTES
 
 Collective = Literal["emulated", "allgather", "ring-allreduce", "chosen"]
@@ -81,18 +85,20 @@ class Interconnect:
             return last
         costs = self.costs(workers, max(nbytes), union_rows)
         if self.collective == "chosen":
-            return last + min(costs.values(), key=lambda cost: cost[0])[1]
+            return last + costs[cheapest({name: cost[0] for name, cost in costs.items()})][1]
         return last + costs["sparse" if self.collective == "allgather" else "dense"][1]
 
     def costs(self, workers: int, longest: int, union_rows: int) -> dict[str, tuple[float, float]]:
         """Per exchange (sparse, union, dense): the bytes a rank sends and the time it takes after the last send,
-        for W = ``workers`` parts of at most ``longest`` bytes and a union of ``union_rows`` rows."""
+        for W = ``workers`` parts of at most ``longest`` bytes and a union of ``union_rows`` rows (union only where
+        a part's rows are known: ``row_bytes``, each with its int64 index)."""
         hops = workers - 1 if self.hops == "ring" else math.ceil(math.log2(workers))
         ring = 2 * (workers - 1)
-        sent = {"sparse": (workers - 1) * longest, "dense": ring / workers * self.dense_bytes}
-        if self.row_bytes:
-            rows = longest // self.row_bytes
-            sent["union"] = (workers - 1) * 8 * rows + ring / workers * union_rows * (self.row_bytes - 8)
+        indices = INDEX_BYTES * (longest // self.row_bytes) if self.row_bytes else 0
+        union = union_rows * (self.row_bytes - INDEX_BYTES) if self.row_bytes else 0
+        sent = RingBytes(workers).choices(indices, longest - indices, union, self.dense_bytes)
+        if not self.row_bytes:
+            del sent["union"]
         latencies = {"sparse": hops, "union": hops + ring, "dense": ring}
         return {
             name: (nbytes, latencies[name] * self.latency_s + nbytes / self.bandwidth_bytes_per_s)

@@ -65,7 +65,7 @@ class SimulationConfig:
             draw, the workload's write sets: today's ``RemoteTasks`` with an escape check) or ``candidates`` (their
             candidate sets: ``RemoteTasks`` without one, and every run before main's d26e6ae).
         exchanges_in_flight: a worker commits step s once step s - exchanges_in_flight is published (today 1).
-        payload_on_poll: the exchange is two-phase, as ``comm/transport.DistributedTransport``'s: the header
+        payload_on_poll: the exchange is two-phase, as ``comm/distributed.DistributedTransport``'s: the header
             all_gather starts at the commit, the payload only at each process's first poll of the step (a
             ``progress`` call, or a block on it) after every header arrived, so a process busy rendering delays
             everyone's delivery until its task ends: the transport before its progress thread. Default off:

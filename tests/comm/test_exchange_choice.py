@@ -23,17 +23,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
-from odin_nerfstudio.comm.transport import (
-    CHOICES,
-    DistributedTransport,
-    VirtualTransport,
-    StatsLayout,
-    _Shape,
-    _Sizes,
-    estimated_union,
-    require_no_exchange_in_flight,
-)
+from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
+from odin_nerfstudio.comm.exchange_choice import CHOICES, ExchangeShape, cheapest, estimated_union
+from odin_nerfstudio.comm.inprocess import VirtualTransport
+from odin_nerfstudio.comm.wire import Sizes, StatsLayout
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.simulation.interconnect import Interconnect
 from tests.comm.test_transport import N, assert_same, local_update, template
 
 D = 10
@@ -81,7 +76,7 @@ def _two_rank_main(rank: int, init_file: str, out_dir: str) -> None:
         handles = [transport.start_exchange(step, update_of(step, rank)) for step in range(IN_FLIGHT)]
         results["in_flight"] = transport.in_flight()
         try:
-            require_no_exchange_in_flight("a replica check")
+            require_no_exchange_in_flight("a replica check", [transport])
             results["guard"] = "no error"
         except RuntimeError as error:
             results["guard"] = str(error)
@@ -228,8 +223,8 @@ def test_four_ranks_get_the_same_bits_and_auto_picks_the_cheapest(tmp_path: Path
 
 def test_the_byte_formulas_by_hand() -> None:
     """W = 4, D = 10 float32 in 2 parameters, no statistics, ranks of 5, 3, 0, 2 rows with spans 30, 9, 0, 20."""
-    shape = _Shape(4, D, 4, StatsLayout.of(None), 2)
-    sizes = [_Sizes(5, 0, 0, 30), _Sizes(3, 0, 0, 9), _Sizes(0, 0, 0, 0), _Sizes(2, 0, 0, 20)]
+    shape = ExchangeShape(4, D, 4, StatsLayout.of(None), 2)
+    sizes = [Sizes(5, 0, 0, 30), Sizes(3, 0, 0, 9), Sizes(0, 0, 0, 0), Sizes(2, 0, 0, 20)]
     predicted = shape.predict(sizes, union_rows=8)
     header = 3 * 64  # eight int64 per rank: rows, entries, tasks, span, asked rows, asks, 2 squared norms
     assert predicted["sparse"] == header + 3 * 5 * 8 + 3 * 5 * D * 4
@@ -237,7 +232,23 @@ def test_the_byte_formulas_by_hand() -> None:
     assert predicted["dense"] == header + 2 * 3 * 30 * (D + 1) * 4 // 4
     # independent draws: 30 (1 - (25/30)(27/30)(28/30)) = 9.0, within [5, min(30, 10)]
     assert estimated_union(sizes) == 9
-    assert estimated_union([_Sizes(0, 0, 0, 0)] * 2) == 0
+    assert estimated_union([Sizes(0, 0, 0, 0)] * 2) == 0
+
+
+def test_ties_go_to_the_earlier_exchange_and_the_interconnect_prices_bytes_as_the_transport() -> None:
+    """:func:`cheapest` breaks a tie in ``CHOICES`` order; the simulator's interconnect takes its bytes from the
+    same model: parts of R rows (an int64 index and D float32 gradients each, no statistics) cost what
+    :meth:`ExchangeShape.predict` gives the transport, less the header, for every exchange."""
+    assert cheapest({"dense": 5, "union": 5, "sparse": 5}) == "sparse"
+    assert cheapest({"dense": 3, "union": 3, "sparse": 4}) == "union"
+    shape = ExchangeShape(4, D, 4, StatsLayout.of(None), 2)
+    sizes = [Sizes(5, 0, 0, 30), Sizes(3, 0, 0, 9), Sizes(0, 0, 0, 0), Sizes(2, 0, 0, 20)]
+    predicted = shape.predict(sizes, union_rows=8)
+    row = 8 + 4 * D
+    link = Interconnect("l", collective="chosen", dense_bytes=30 * (D + 1) * 4, row_bytes=row)
+    header = 3 * 64
+    costs = link.costs(4, longest=5 * row, union_rows=8)
+    assert {name: nbytes + header for name, (nbytes, _) in costs.items()} == predicted
 
 
 def test_bad_choice_and_steps_out_of_order_are_errors(tmp_path: Path) -> None:

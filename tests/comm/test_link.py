@@ -26,7 +26,9 @@ from odin_nerfstudio.comm.link import (
     linked_distributed,
     linked_virtual,
 )
-from odin_nerfstudio.comm.transport import DistributedTransport, VirtualTransport, asked_bytes, rows_of_runs, runs_of
+from odin_nerfstudio.comm.distributed import DistributedTransport
+from odin_nerfstudio.comm.inprocess import VirtualTransport
+from odin_nerfstudio.comm.wire import asked_bytes, rows_of_runs, runs_of
 from odin_nerfstudio.core.sparse import sum_in_order
 from tests.comm.test_transport import assert_same, local_update, template
 

@@ -29,13 +29,9 @@ from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.drivers.step_loop import run_step, settle
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.comm.transport import (
-    DistributedHandle,
-    DistributedTransport,
-    Transport,
-    VirtualTransport,
-    _Closed,
-)
+from odin_nerfstudio.comm.distributed import DistributedHandle, DistributedTransport, _Closed
+from odin_nerfstudio.comm.inprocess import VirtualTransport
+from odin_nerfstudio.comm.protocol import Transport
 from odin_nerfstudio.drivers.virtual import run_virtual
 from odin_nerfstudio.kernels import ops
 from tests.runtime.test_runtime import epoch_schedule

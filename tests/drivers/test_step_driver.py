@@ -24,7 +24,7 @@ from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.drivers.step_loop import Ahead, ConflictStreak, run_step, settle
 from odin_nerfstudio.comm.link import LinkModel, linked_distributed
-from odin_nerfstudio.comm.transport import DistributedTransport, close_transports
+from odin_nerfstudio.comm.distributed import DistributedTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
 from tests.toy_scene import LRS, assert_identical, make_params, make_runtime, make_schedule, render, snapshot
 
@@ -196,7 +196,7 @@ def _linked_rank(rank: int, init_file: str, out_dir: str, run: LinkedRun) -> Non
         }
         (Path(out_dir) / f"linked{rank}.json").write_text(json.dumps(result))
         torch.save(snapshot(runtime), Path(out_dir) / f"snapshot{rank}.pt")
-        close_transports()
+        transport.inner.close()
     except BaseException:
         (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
     os._exit(0)

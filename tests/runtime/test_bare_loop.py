@@ -16,7 +16,7 @@ import torch
 from gsplat.strategy import DefaultStrategy
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter, apply_structural_change
-from odin_nerfstudio.comm.transport import VirtualTransport
+from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.config import Topology

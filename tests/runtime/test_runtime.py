@@ -32,7 +32,7 @@ from odin_nerfstudio.runtime.validation import Validator
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.core.tables import index_map_from_uid
 from odin_nerfstudio.core.tasks import Task, TaskKey, task_generator
-from odin_nerfstudio.comm.transport import VirtualTransport
+from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
 from tests.toy_scene import (
     LRS,
