@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,19 +49,16 @@ MAX_EVENTS = 200_000
 class Timeline:
     """The most recent ``max_events`` recorded events, in the order they ended, and totals over all of them."""
 
-    def __init__(self, max_events: int = MAX_EVENTS) -> None:
+    def __init__(self, max_events: int = MAX_EVENTS, clock: Callable[[], int] = time.perf_counter_ns) -> None:
         if max_events < 1:
             raise ValueError(f"a timeline keeps at least one event, got max_events = {max_events}")
         self.events: deque[Event] = deque(maxlen=max_events)
         self.recorded = 0
         self._total_ns: dict[str, int] = defaultdict(int)
-        self.origin_ns = time.perf_counter_ns()
+        self.now = clock
+        """The clock events use, in nanoseconds: ``time.perf_counter_ns`` (a simulation passes its virtual clock)."""
+        self.origin_ns = clock()
         self._lock = threading.Lock()
-
-    @staticmethod
-    def now() -> int:
-        """The clock events use, in nanoseconds."""
-        return time.perf_counter_ns()
 
     def record(self, name: str, worker: int, step: int, start_ns: int, args: dict[str, Any] | None = None) -> Event:
         """Record a span that started at ``start_ns`` and ends now; returns it."""

@@ -187,7 +187,7 @@ def run_step(
     first_round = streak is not None and bool(workers)  # this step's first reads are added to the streak
     behind = first_round and streak.reads_behind()
     if behind:
-        runtime.counters.read_behind += 1
+        runtime.count(read_behind=1)
         await_published(runtime, max(read_after, step - 1), "behind", [me.worker for me in workers])
     else:
         await_published(runtime, read_after)
@@ -199,9 +199,9 @@ def run_step(
     while any(me.remaining for me in workers):
         published, progressed = runtime.published_through, False
         for me in workers:
-            while me.remaining and runtime.lanes.free and start_next(runtime, me):
+            while me.remaining and runtime.lane_free and start_next(runtime, me):
                 progressed = True
-            if runtime.lanes.count == 1:  # its read rendered in its turn: staged before the next worker reads
+            if runtime.config.tasks_in_flight == 1:  # its read rendered in its turn: staged before the next worker reads
                 runtime.collect()
         # Several lanes: the round's reads start together (the last on this thread), then what finished is staged.
         progressed = runtime.collect() or progressed
@@ -210,7 +210,7 @@ def run_step(
             streak.saw(_conflicted(runtime, workers, behind))
         runtime.progress()
         stalled = not progressed and runtime.published_through == published
-        if stalled and runtime.lanes.in_flight:
+        if stalled and runtime.in_flight:
             progressed = runtime.collect(block=True)  # its staging may publish what the waiting reads need
         elif stalled and ahead is not None:
             progressed = run_ahead(runtime, workers, ahead)
@@ -225,7 +225,7 @@ def _conflicted(runtime: OdinRuntime, workers: Sequence[Worker], behind: bool) -
     ``behind_conflicts``, as a RAW wait would have been)."""
     if behind:
         met = [me.first_read is not None and runtime.conflicted_with_step_before(me.first_read) for me in workers]
-        runtime.counters.behind_conflicts += sum(met)
+        runtime.count(behind_conflicts=sum(met))
         return any(met)
     return any(me.last_wait is not None and me.last_wait.reason == "raw" for me in workers)
 
@@ -249,7 +249,7 @@ def run_ahead(runtime: OdinRuntime, workers: Sequence[Worker], ahead: Ahead) -> 
         if isinstance(result, Wait):
             continue
         ahead.started.add(result.task.key)
-        runtime.counters.ran_ahead += 1
+        runtime.count(ran_ahead=1)
         runtime.finish(result)
         return True
     return False

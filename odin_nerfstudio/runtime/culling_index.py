@@ -87,6 +87,13 @@ class CullingIndex:
         # a host synchronization on CUDA, needed: validation decides on it (re-run or not) on the host
         return bool(self.bounds().meets(region, rows, grow, shift).any())
 
+    def validate_read(
+        self, task: Task, candidate: Tensor, written: Sequence[tuple[int, Tensor]], admitted: dict[int, Tensor]
+    ) -> tuple[bool, bool]:
+        """A read's stale and candidate checks (``ops.validate_read``) in ``task``'s region on the current state:
+        (a written row of C(t) not admitted, a written row outside C(t) that now meets the region)."""
+        return ops.validate_read(candidate, written, admitted, self.bounds(), self.region(task))
+
     def reach(self, mean_step: float, scale_step: float) -> Reach:
         """How far a publication can move a row's bounding sphere when it moves each element of ``means`` by at
         most ``mean_step`` and of ``scales`` by at most ``scale_step`` (the adapter's scale parametrization)."""

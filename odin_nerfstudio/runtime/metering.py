@@ -46,6 +46,25 @@ class StaleTally:
         self.max_staleness = max(self.max_staleness, read.staleness)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One decision of the protocol, as the runtime and the simulator both take it (the decision trace).
+
+    Attributes:
+        kind: ``read`` (detail: view, read before the step before was published), ``wait`` (a worker's wait
+            begins; detail: view, reason, step waited for), ``rerun`` (detail: view), ``commit`` (detail: early),
+            ``publish_first`` or ``publish`` (worker -1).
+        step: the step decided on.
+        worker: the worker, -1 for a publication.
+        detail: what else the kind names.
+    """
+
+    kind: str
+    step: int
+    worker: int
+    detail: Any = None
+
+
 @dataclass
 class RuntimeCounters:
     """What the runtime counted.
@@ -131,12 +150,18 @@ class Meter:
 
     Args:
         device: the model's device (spans on CUDA wait for the current stream before their clock stops).
+        clock: the timeline's clock in ns (default ``time.perf_counter_ns``; the simulator's is virtual).
+        record_decisions: keep the decision trace (:attr:`decisions`), as the decision-trace test compares it.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(
+        self, device: torch.device, clock: Callable[[], int] | None = None, record_decisions: bool = False
+    ) -> None:
         self.device = device
         self.counters = RuntimeCounters()
-        self.timeline = Timeline()
+        self.decisions: list[Decision] | None = [] if record_decisions else None
+        """With ``record_decisions``, every decision of the protocol in the order taken (:class:`Decision`)."""
+        self.timeline = Timeline() if clock is None else Timeline(clock=clock)
         self.lock = threading.Lock()
         """Guards the counters that lanes add to (render, backward, bookkeeping time, tasks)."""
         self._wait_since: dict[int, tuple[int, Wait]] = {}
@@ -165,9 +190,17 @@ class Meter:
         for kind in failures:
             self.counters.validation_failures[kind] = self.counters.validation_failures.get(kind, 0) + 1
 
+    def decide(self, kind: str, step: int, worker: int = -1, detail: Any = None) -> None:
+        """Record a decision of the protocol (``read``, ``wait``, ``rerun``, ``commit``, ``publish_first``,
+        ``publish``) when the trace is kept."""
+        if self.decisions is not None:
+            self.decisions.append(Decision(kind, step, worker, detail))
+
     def waiting(self, worker: int, wait: Wait) -> None:
         """``worker`` could not read (a wait begins, unless one is already open)."""
-        self._wait_since.setdefault(worker, (self.timeline.now(), wait))
+        if worker not in self._wait_since:
+            self._wait_since[worker] = (self.timeline.now(), wait)
+            self.decide("wait", wait.task.step, worker, (wait.task.view, wait.reason, wait.step))
 
     def read(self, task: Task, reordered: bool, overlapped: bool = False) -> None:
         """``task`` was admitted: close its worker's open wait on the timeline (with its reason and the
@@ -184,6 +217,7 @@ class Meter:
             self.timeline.record("wait", task.worker, task.step, since, args)
         self.counters.reordered += reordered
         self.counters.overlapped_reads += overlapped
+        self.decide("read", task.step, task.worker, (task.view, overlapped))
 
     def render_and_backward(
         self,
@@ -219,11 +253,11 @@ class Meter:
     def in_transport(self, call: Callable[..., _Result], *args: Any) -> _Result:
         """``call(*args)``, a transport call, its wall time counted in ``counters.comm_ns``: sending and waiting
         for the other workers is communication, which the hooks' bookkeeping time leaves out."""
-        start = Timeline.now()
+        start = self.timeline.now()
         try:
             return call(*args)
         finally:
-            self.add(comm_ns=Timeline.now() - start)
+            self.add(comm_ns=self.timeline.now() - start)
 
 
 def bookkeeping(hook: _Hook) -> _Hook:
@@ -245,12 +279,12 @@ def bookkeeping(hook: _Hook) -> _Hook:
             return hook(runtime, *args, **kwargs)
         local.in_hook = True
         others = meter._elsewhere()
-        start = Timeline.now()
+        start = meter.timeline.now()
         try:
             return hook(runtime, *args, **kwargs)
         finally:
             synchronize(meter.device)
-            elapsed = Timeline.now() - start
+            elapsed = meter.timeline.now() - start
             meter.add(bookkeeping_ns=elapsed - (meter._elsewhere() - others))
             local.in_hook = False
 

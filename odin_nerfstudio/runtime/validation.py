@@ -22,7 +22,6 @@ from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.tasks import Task, TaskKey
-from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.culling_index import CullingIndex, Reach
 from odin_nerfstudio.runtime.publication import EarlyRows
 from odin_nerfstudio.runtime.reads import DrawableFn, EscapeCheck, ReadRecord, VisibilityFn
@@ -180,8 +179,7 @@ class Validator:
         """
         admitted = {a.step: a.rows for a in record.admitted}
         written = self._written_since(record, task.step)
-        bounds, region = self.index.bounds(), self.index.region(task)
-        stale, moved = ops.validate_read(record.candidate, written, admitted, bounds, region)
+        stale, moved = self.index.validate_read(task, record.candidate, written, admitted)
         failures = ["stale"] * stale + ["candidate"] * moved
         device = record.candidate.device
         escaped = torch.empty(0, dtype=torch.int64, device=device)

@@ -34,8 +34,8 @@ from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.comm.protocol import Transport
 from odin_nerfstudio.drivers.virtual import run_virtual
 from odin_nerfstudio.kernels import ops
-from tests.runtime.test_runtime import epoch_schedule
-from tests.toy_scene import (
+from tests.runtime.test_runtime import epoch_schedule, run_first
+from odin_nerfstudio.scenes.toy import (
     LRS,
     assert_identical,
     camera,
@@ -450,14 +450,14 @@ def _comm_rank_main(rank: int, init_file: str, out_dir: str) -> None:
         runtime, schedule = rank_runtime(rank, render)
         ((tasks,), _) = schedule
         if rank == 0:
-            assert runtime.run_next(tasks) == tasks[0]
+            assert run_first(runtime, tasks) == tasks[0]
             (out / "rank0_started_step0").touch()
             runtime.publish(0)
         else:
             if not appears(out / "rank0_started_step0"):
                 raise TimeoutError("rank 0 never started the exchange of step 0")
             time.sleep(SLOW_S)
-            assert runtime.run_next(tasks) == tasks[0]
+            assert run_first(runtime, tasks) == tasks[0]
             settle(runtime)
         torch.save(counters_of(runtime), out / f"comm{rank}.pt")
     except BaseException:
