@@ -57,7 +57,7 @@ from odin_nerfstudio.scenes.synth import (
     street_rig_cameras,
     street_world,
 )
-from odin_nerfstudio.simulation.costs import CostModel, recorded_sizes
+from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Interconnect
 from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationResult, simulate
 from odin_nerfstudio.simulation.workload import Workload, initial_model
@@ -174,8 +174,8 @@ def runs_wall_s(runs: dict[str, Path]) -> float:
 def replay(
     label: str, run_dir: Path, workload: Workload, base_s: float, pooled: CostModel, args: argparse.Namespace
 ) -> Replay:
-    """Simulate one real run from its own fitted costs and recorded sizes (``base_s``: the exchange's base time),
-    and again from the ``pooled`` costs."""
+    """Simulate one real run from its own fitted costs, recorded sizes and measured task times (its imbalance;
+    ``base_s``: the exchange's base time), and again from the ``pooled`` costs (their residuals drawn)."""
     mode, link = label.rsplit("-", 1)
     virtual = mode.startswith("virtual")
     costs = replace(CostModel.fit([run_dir]), base_s=base_s)
@@ -189,7 +189,7 @@ def replay(
     )
     interconnect = Interconnect.preset(link, "emulated", base_s)
     sized = workload.with_sizes(recorded_sizes([run_dir]))
-    predicted = simulate(sized, costs, interconnect, config)
+    predicted = simulate(sized, costs, interconnect, config, measured=recorded_durations([run_dir]))
     return Replay(label, load_run(run_dir)[0], predicted, costs, simulate(sized, pooled, interconnect, config))
 
 

@@ -18,7 +18,7 @@ LAYER = {
     "runtime": 3,
     "drivers": 4,
     "scenes": 4,
-    "simulation": 4,
+    "simulation": 5,
     "ns": 5,
     "method_configs": 6,
 }

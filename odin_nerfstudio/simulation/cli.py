@@ -25,7 +25,7 @@ import tyro
 from odin_nerfstudio.core.timeline_metrics import load_run
 from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
 from odin_nerfstudio.scheduling.tracks import RlgPoints
-from odin_nerfstudio.simulation.costs import CostModel, recorded_sizes
+from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
 from odin_nerfstudio.simulation.run_folder import read_run_settings
 from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationResult, simulate
@@ -46,7 +46,7 @@ class SimulateCliConfig:
     save_costs: Optional[Path] = None
     """Write the fitted cost model here (JSON)."""
     replay: bool = False
-    """Simulate the first --run as it ran and compare with what it measured."""
+    """Simulate the first --run as it ran (each task with the time it measured) and compare with what it measured."""
     workers: list[int] = field(default_factory=lambda: [2, 8, 64])
     """W values to simulate."""
     modes: list[Mode] = field(default_factory=lambda: ["barrier", "quality", "throughput"])
@@ -67,8 +67,6 @@ class SimulateCliConfig:
     remote_writes: Literal["drawn", "candidates"] = "drawn"
     """Another process's predicted unpublished writes: the rows its tasks would draw (today's runtime with an
     escape check) or their candidate sets (without one; runs made before main's d26e6ae)."""
-    exchanges_in_flight: int = 1
-    """A worker commits step s once step s - this is published (today 1)."""
     replay_sizes: bool = False
     """Cost each view's task with the |C(t)| the run recorded for it (the run's own scene), not the culled one."""
     downscale: int = 1
@@ -139,11 +137,11 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
         steps=settings.steps,
         workers_per_process=settings.num_workers // settings.processes,
         remote_writes=config.remote_writes,
-        exchanges_in_flight=config.exchanges_in_flight,
         seed=settings.seed,
     )
     interconnect = Interconnect.preset(settings.interconnect, "emulated", costs.base_s)
-    predicted = simulate(workload.with_sizes(recorded_sizes([run])), costs, interconnect, simulation)
+    sized = workload.with_sizes(recorded_sizes([run]))
+    predicted = simulate(sized, costs, interconnect, simulation, measured=recorded_durations([run]))
     measured = load_run(run)[0]
     error = predicted.views_per_s / measured.views_per_s - 1.0
     return [
@@ -166,7 +164,6 @@ def simulation_config(config: SimulateCliConfig, mode: str, workers: int) -> Sim
         steps=config.steps,
         workers_per_process=workers if config.virtual else 1,
         remote_writes=config.remote_writes,
-        exchanges_in_flight=config.exchanges_in_flight,
         seed=config.seed,
     )
 

@@ -76,6 +76,8 @@ class CostModel:
         base_s: the transport's own time per exchange after the last part is sent.
         step_overhead_s: the trainer's time per step outside the runtime.
         rerun_share: re-runs per task other than stale reads' (escapes, moved candidate sets).
+        residuals: the task fit's residuals (measured - fitted seconds): the simulator draws a task's variation
+            from them, so workers are as unequal as the fitted run's tasks were (the barrier's idle).
     """
 
     task: LinearFit
@@ -84,6 +86,7 @@ class CostModel:
     base_s: float = 0.0
     step_overhead_s: float = 0.0
     rerun_share: float = 0.0
+    residuals: tuple[float, ...] = ()
 
     def task_s(self, candidates: int, pixels: int) -> float:
         """One task's time: render + backward + bookkeeping."""
@@ -109,13 +112,16 @@ class CostModel:
         for rank in ranks:
             runs_of.setdefault(rank.run, []).append(rank)
         bases = [_exchange_base_s(group) for group in runs_of.values() if len(group) > 1]
+        task = LinearFit.of(samples[:, :2], samples[:, 2])
+        residuals = samples[:, 2] - np.array([task(c, p) for c, p in samples[:, :2]])
         return cls(
-            task=LinearFit.of(samples[:, :2], samples[:, 2]),
+            task=task,
             bookkeeping_s=float(np.median([b for b in bookkeeping if b is not None] or [0.0])),
             publish=LinearFit.of(publishes[:, :1], publishes[:, 1]) if len(publishes) else LinearFit(0.0, (0.0,), 1, 0),
             base_s=float(np.median([b for b in bases if b is not None] or [0.0])),
             step_overhead_s=float(np.median([rank.step_overhead_s() for rank in ranks])),
             rerun_share=float(np.median([rank.rerun_share() for rank in ranks])),
+            residuals=tuple(float(r) for r in residuals),
         )
 
     def save(self, path: Path) -> None:
@@ -128,6 +134,7 @@ class CostModel:
         try:
             fields = json.loads(Path(path).read_text())
             task, publish = (_fit(fields.pop(name)) for name in ("task", "publish"))
+            fields["residuals"] = tuple(fields.get("residuals", ()))
             return cls(task=task, publish=publish, **fields)
         except (KeyError, TypeError, json.JSONDecodeError) as error:
             raise ValueError(f"--costs {path} is not a cost model written by --save-costs: {error}") from None
@@ -168,6 +175,14 @@ class _RankTrace:
 
     def task_samples(self) -> list[tuple[float, float, float]]:
         """(|C(t)|, pixels, render + backward seconds) per task rendered (re-runs included)."""
+        return [(float(r.args["candidates"]), float(r.args["pixels"]), s) for r, s in self._renders()]
+
+    def task_durations(self) -> list[tuple[int, int, float]]:
+        """(step, view, render + backward seconds) per task rendered (re-runs included), in the order they ended."""
+        return [(r.step, int(r.args["view"]), s) for r, s in self._renders()]
+
+    def _renders(self) -> list[tuple[Event, float]]:
+        """Each render span with its task's render + backward seconds."""
         renders: dict[tuple[int, int, int], list[Event]] = {}
         samples = []
         for event in self.events:
@@ -176,8 +191,7 @@ class _RankTrace:
                 renders.setdefault(key, []).append(event)
             elif event.name == "backward" and renders.get(key):
                 render = renders[key].pop(0)
-                seconds = (render.end_ns - render.start_ns + event.end_ns - event.start_ns) / 1e9
-                samples.append((float(render.args["candidates"]), float(render.args["pixels"]), seconds))
+                samples.append((render, (render.end_ns - render.start_ns + event.end_ns - event.start_ns) / 1e9))
         return samples
 
     def publish_samples(self) -> list[tuple[float, float]]:
@@ -246,6 +260,17 @@ def _exchange_base_s(ranks: Sequence[_RankTrace]) -> float | None:
         if len(times) == len(ranks) and step in publishes
     ]
     return max(float(np.percentile(gaps, 25)), 0.0) if gaps else None
+
+
+def recorded_durations(runs: Sequence[Path]) -> dict[tuple[int, int], float]:
+    """Per (step, view), the render + backward seconds its first render measured in ``runs`` (a replay's task times:
+    the run's own imbalance, task by task)."""
+    durations: dict[tuple[int, int], float] = {}
+    for run in runs:
+        for rank in _RankTrace.read_all(Path(run)):
+            for step, view, seconds in rank.task_durations():
+                durations.setdefault((step, view), seconds)
+    return durations
 
 
 def recorded_sizes(runs: Sequence[Path]) -> dict[int, float]:
