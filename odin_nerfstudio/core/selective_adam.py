@@ -31,6 +31,15 @@ from torch import Tensor
 from odin_nerfstudio.core.batch_gain import scaled_lr
 
 
+def adam_constants(group: dict, step: float) -> tuple[float, float]:
+    """Adam's step size and bias correction at global step ``step`` of a parameter group: ``lr x batch gain /
+    (1 - beta1^t)`` and ``sqrt(1 - beta2^t)``, as torch.optim.Adam's single-tensor path computes them."""
+    beta1, beta2 = group["betas"]
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    return scaled_lr(group) / bias_correction1, bias_correction2**0.5
+
+
 class SelectiveAdam(torch.optim.Optimizer):
     """Adam over one parameter tensor [N, ...] that updates only a given set of rows per step.
 
@@ -98,13 +107,7 @@ class SelectiveAdam(torch.optim.Optimizer):
                 grad = grads[index]
                 index += 1
                 state = self._state_of(param)
-                if advance:
-                    state["step"] += 1
-                step = state["step"].item()
-                bias_correction1 = 1 - beta1**step
-                bias_correction2 = 1 - beta2**step
-                step_size = scaled_lr(group) / bias_correction1
-                bias_correction2_sqrt = bias_correction2**0.5
+                step_size, bias_correction2_sqrt = adam_constants(group, self.advance_step(param, advance))
                 exp_avg = state["exp_avg"].index_select(0, rows)
                 exp_avg_sq = state["exp_avg_sq"].index_select(0, rows)
                 value = param.data.index_select(0, rows)
@@ -117,10 +120,24 @@ class SelectiveAdam(torch.optim.Optimizer):
                 param.data.index_copy_(0, rows, value)
                 updated.append(value)
         if finish:
-            self._opt_called = True
-            for hook in list(self._optimizer_step_post_hooks.values()):
-                hook(self, (), {})
+            self.finish_step()
         return updated
+
+    def advance_step(self, param: Tensor, advance: bool = True) -> float:
+        """Count a publication on ``param``'s global step (unless not ``advance``: a later part of a step published
+        in parts); the step now. The counter is a CPU tensor (:meth:`_state_of`): reading it never waits for a device.
+        """
+        state = self._state_of(param)
+        if advance:
+            state["step"] += 1
+        return state["step"].item()
+
+    def finish_step(self) -> None:
+        """End a step after its update: mark the optimizer stepped (torch's LR schedulers check it) and run the hooks
+        registered with ``register_step_post_hook`` (a trainer steps its schedulers there, once per publication)."""
+        self._opt_called = True
+        for hook in list(self._optimizer_step_post_hooks.values()):
+            hook(self, (), {})
 
     def movement_bound(self) -> float:
         """The most a publication at the current global step count moves any element of the parameter, for any

@@ -42,9 +42,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.core.batch_gain import scaled_lr
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows, union_sorted
-from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.selective_adam import SelectiveAdam, adam_constants
 from odin_nerfstudio.core.sparse import SparseUpdate, summed_sq_norms
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
@@ -269,21 +268,9 @@ def _advance(optimizer: SelectiveAdam, advance: bool = True) -> list[float]:
     the op's hyper row [6]."""
     (group,) = optimizer.param_groups
     (param,) = group["params"]
-    state = optimizer._state_of(param)
-    if advance:
-        state["step"] += 1
-    step = state["step"].item()  # the step counter is a CPU tensor (``_state_of``): no device synchronization
+    step_size, bias_correction2_sqrt = adam_constants(group, optimizer.advance_step(param, advance))
     beta1, beta2 = group["betas"]
-    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-    step_size = scaled_lr(group) / (1 - beta1**step)
     return [1 - beta1, beta2, 1 - beta2, bias_correction2_sqrt, group["eps"], -step_size]
-
-
-def _stepped(optimizer: SelectiveAdam) -> None:
-    """What ``step_rows`` does after the update: mark the step taken and run the step post-hooks."""
-    optimizer._opt_called = True
-    for hook in list(optimizer._optimizer_step_post_hooks.values()):
-        hook(optimizer, (), {})
 
 
 def publish_adam(
@@ -337,5 +324,5 @@ def publish_adam(
     )
     if part != "first":
         for optimizer in optimizers.values():
-            _stepped(optimizer)
+            optimizer.finish_step()
     return contention
