@@ -46,6 +46,8 @@ from pathlib import Path
 
 from _report import BENCHMARKS, cpu_name, publish
 
+from odin_nerfstudio.ns.command_line import train_command
+
 NAME = "bench_batch"
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,51 +133,26 @@ def train(args: argparse.Namespace, folder: Path, workers: int, rule: str, seed:
     iterations = args.views // workers
     measure_at = measured_steps(iterations) if measure else []
     name = f"w{workers}-{rule}-seed{seed}"
-    command = [
-        str(BIN / "ns-train"),
+    options = [
+        "--machine.seed", str(seed),
+        "--save-only-latest-checkpoint", str(not measure),
+        "--logging.steps-per-log", "1",
+        "--pipeline.datamanager.num-workers", str(workers),
+        "--pipeline.datamanager.schedule-seed", str(seed),
+        "--pipeline.datamanager.camera-res-scale-factor", str(args.scale),
+        "--pipeline.model.refine-every", str(args.refine_every),
+        "--pipeline.model.batch-scaling", rule,
+    ]  # fmt: skip
+    command = train_command(
         "odin-splat-quick",
-        "--data",
-        str(args.scene),
-        "--machine.device-type",
-        "cpu",
-        "--machine.seed",
-        str(seed),
-        "--vis",
-        "tensorboard",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--output-dir",
-        str(folder),
-        "--experiment-name",
-        name,
-        "--timestamp",
-        "run",
-        "--max-num-iterations",
-        str(iterations),
-        "--steps-per-save",
-        str(measure_at[0] if measure else iterations),
-        "--save-only-latest-checkpoint",
-        str(not measure),
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--logging.steps-per-log",
-        "1",
-        "--pipeline.datamanager.num-workers",
-        str(workers),
-        "--pipeline.datamanager.schedule-seed",
-        str(seed),
-        "--pipeline.datamanager.camera-res-scale-factor",
-        str(args.scale),
-        "--pipeline.model.refine-every",
-        str(args.refine_every),
-        "--pipeline.model.batch-scaling",
-        rule,
-        "odin-colmap",
-        "--eval-interval",
-        str(args.eval_interval),
-    ]
+        args.scene,
+        folder,
+        iterations,
+        experiment_name=name,
+        steps_per_save=measure_at[0] if measure else iterations,
+        options=options,
+        dataparser=["odin-colmap", "--eval-interval", str(args.eval_interval)],
+    )
     start = time.perf_counter()
     run(command, args.timeout)
     train_s = time.perf_counter() - start

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import shlex
 import statistics
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy
-from _report import BENCHMARKS, cpu_name, write_section
+from _report import BENCHMARKS, machine, write_section
 
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
@@ -33,7 +32,6 @@ from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "bench_compile"
 TARGET_SECONDS, TARGET_GIB = 5.0, 4.0
-GIB = 2.0**30
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,16 +72,6 @@ def build(point_sets: list[np.ndarray], config: ScheduleConfig) -> tuple[float, 
     schedule = Schedule(rlg, config)
     schedule.epoch(0)
     return middle - start, time.perf_counter() - middle, schedule
-
-
-def machine() -> str:
-    """One line describing CPU, cores available, memory, load and library versions."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores available, {memory:.0f} GiB RAM, load average {load}; "
-        f"Python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}"
-    )
 
 
 def run(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -148,7 +136,7 @@ def main() -> None:
     """Run the benchmark, print it, update BENCHMARKS.md."""
     args = parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
-    machine_line = machine()
+    machine_line = machine(np, scipy, memory=True)
     rows = run(args)
     print(f"command: {command}\nmachine: {machine_line}")
     for name, value in rows:

@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
-from _report import BENCHMARKS, publish
-from bench_runtime import SH_DEGREE, Variant, machine, odin_schedule, perturbed_params, rig_cameras
+from _report import BENCHMARKS, machine, publish
+from bench_runtime import SH_DEGREE, Variant, odin_schedule, perturbed_params, rig_cameras
 
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
 from odin_nerfstudio.comm.distributed import DistributedTransport
@@ -227,7 +227,7 @@ def report(args: argparse.Namespace, command: str, rows: list[Row]) -> str:
             "## bench_exchange: bytes per rank per step, sparse all-gather / union-then-reduce / dense all_reduce",
             "",
             f"Command: `{command}`  ",
-            f"Machine: {machine(torch.device('cpu'))}; W gloo processes on these cores  ",
+            f"Machine: {machine(torch)}; W gloo processes on these cores  ",
             f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
             "",
             (

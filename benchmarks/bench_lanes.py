@@ -29,7 +29,6 @@ import argparse
 import copy
 import dataclasses
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _report import BENCHMARKS, cpu_name, publish
+from _report import BENCHMARKS, identical, machine, model_state, publish
 
 from odin_nerfstudio.core.timeline_metrics import load_run
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
@@ -121,18 +120,9 @@ def train(scene: Path, folder: Path, args: argparse.Namespace, workers: int, var
     trainer.train()
     wall = time.perf_counter() - start
     metrics, _ = load_run(trainer.base_dir)
-    state = {}
-    for name, param in trainer.pipeline.model.gauss_params.items():
-        state[name] = param.detach().clone()
-        adam = trainer.optimizers.optimizers[name].state[param]
-        state[f"{name}.exp_avg"], state[f"{name}.exp_avg_sq"] = adam["exp_avg"].clone(), adam["exp_avg_sq"].clone()
+    state = model_state(trainer.pipeline.model.gauss_params, trainer.optimizers.optimizers)
     counters = dataclasses.asdict(trainer.runtime.counters)
     return LaneRun(mode, lanes, round_, metrics.views_per_s, wall, counters, state)
-
-
-def identical(a: LaneRun, b: LaneRun) -> bool:
-    """Whether two runs ended with the same model and Adam moments, bit for bit."""
-    return a.state.keys() == b.state.keys() and all(torch.equal(a.state[k], b.state[k]) for k in a.state)
 
 
 def run_scene(scene: Path, args: argparse.Namespace, folder: Path, workers: int) -> list[LaneRun]:
@@ -179,7 +169,7 @@ def scene_table(name: str, runs: list[LaneRun]) -> list[str]:
     lines += [f"| {label} | " + " | ".join(cell(rs) for rs in variants) + " |" for label, cell in rows]
     barrier_one = next(r for r in runs if (r.mode, r.lanes) == ("barrier", 1))
     quality_two = [r for r in runs if (r.mode, r.lanes) == ("quality", 2)]
-    same = all(identical(r, barrier_one) for r in quality_two)
+    same = all(identical(r.state, barrier_one.state) for r in quality_two)
     lines.append("")
     for mode in ("quality", "barrier"):
         values = speedups(runs, mode)
@@ -193,8 +183,7 @@ def report(args: argparse.Namespace, command: str, scenes: dict[str, list[LaneRu
     lines = [
         "## Lanes: two tasks in flight per process (bench_lanes)",
         "",
-        f"Machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch threads, Python {platform.python_version()}.",
+        f"Machine: {machine(torch)}.",
         f"Command: `{command}`; {time.strftime('%Y-%m-%d %H:%M')}.",
         "",
         f"odin-splat through the trainer on W virtual workers (B = 1) for {args.iterations} schedule steps, "

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -18,7 +17,7 @@ import time
 from typing import Dict, List
 
 import torch
-from _report import BENCHMARKS, cpu_name, write_section
+from _report import BENCHMARKS, machine, write_section
 
 from odin_nerfstudio.rendering.rasterize import rasterization
 
@@ -68,14 +67,6 @@ def step(scene: Dict[str, object], params: Dict[str, torch.Tensor]) -> Dict[str,
     return info
 
 
-def machine() -> str:
-    """CPU model, Python and torch versions, torch threads."""
-    return (
-        f"CPU {cpu_name()}; Python {platform.python_version()}; torch {torch.__version__}; "
-        f"torch threads {torch.get_num_threads()}"
-    )
-
-
 def main(argv: List[str] | None = None) -> None:
     """Time warm-up + `--repeats` forward + backward passes; print and record median, min and peak memory."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,7 +96,7 @@ def main(argv: List[str] | None = None) -> None:
             "## CPU rasterizer (odin_nerfstudio.rendering.cpu_rasterizer)",
             "",
             f"- command: `{command}` (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
-            f"- machine: {machine()}",
+            f"- machine: {machine(torch)}",
             f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
             f"- scene: 20,000 Gaussians ({visible} visible), 126x94, one camera, SH degree 3, render_mode RGB, seed 0",
             f"- forward + backward: median {median:.3f} s, min {best:.3f} s over {len(times)} runs "

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import sys
 import time
@@ -59,7 +58,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _report import BENCHMARKS, cpu_name, publish
+from _report import BENCHMARKS, identical, machine, model_state, publish
 from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
@@ -74,6 +73,7 @@ from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.runtime.shadow import MEMORY_KINDS
 from odin_nerfstudio.core.sparse import tensor_bytes
 from odin_nerfstudio.scenes.synth import GaussianWorld, intrinsics, street_rig_cameras, street_world
+from odin_nerfstudio.scenes.toy import splat
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.drivers.virtual import VirtualRunReport, run_virtual
@@ -375,33 +375,17 @@ RenderFn = Callable[[Task, dict[str, Tensor], torch.Generator], tuple[Tensor, di
 
 
 def make_render_fn(scene: Scene, sizes: TaskSizes) -> RenderFn:
-    """The task renderer: SH degree 3, a background from the task's generator, L1 to the view's target.
+    """The task renderer: ``toy.splat`` (SH degree 3, a background from the task's generator), L1 to the view's target.
 
     Records |C(t)| and |A(t)| of every render in ``sizes``.
     """
 
     def render_fn(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
-        camera = task.camera
-        background = torch.rand(1, 3, generator=generator).to(camera.K.device)
-        colors = torch.cat([leaves["features_dc"][:, None], leaves["features_rest"]], dim=1)
-        image, _, info = rasterization(
-            leaves["means"],
-            leaves["quats"],
-            torch.exp(leaves["scales"]),
-            torch.sigmoid(leaves["opacities"]),
-            colors,
-            camera.viewmat[None],
-            camera.K[None],
-            camera.width,
-            camera.height,
-            sh_degree=SH_DEGREE,
-            packed=False,
-            backgrounds=background,
-        )
+        image, info = splat(task, leaves, generator)
         rows = leaves["means"].shape[0]
         sizes.candidate.append(rows)
         sizes.active.append(int((info["radii"] > 0).reshape(-1, rows).any(dim=0).sum()))
-        return (image[0] - scene.targets[task.view]).abs().mean(), info
+        return (image - scene.targets[task.view]).abs().mean(), info
 
     return render_fn
 
@@ -508,16 +492,6 @@ def culling_ms(scene: Scene, repeats: int = 8) -> float:
         bounds.rows_in(CullRegion.candidates(camera, 0.1))
     synchronize(means.device)
     return (time.perf_counter() - start) * 1e3 / len(cameras)
-
-
-def identical(a: OdinRuntime, b: OdinRuntime) -> bool:
-    """Whether two runtimes' parameters and Adam moments are bit-identical."""
-    for name, param in a.params.items():
-        other = b.params[name]
-        state, other_state = a.optimizers[name].state[param], b.optimizers[name].state[other]
-        if not torch.equal(param, other) or any(not torch.equal(state[k], other_state[k]) for k in state):
-            return False
-    return True
 
 
 def verdict(value: float, target: float) -> str:
@@ -639,16 +613,6 @@ def sweep_table(runs: list[StreetRun]) -> str:
     return "\n".join(lines)
 
 
-def machine(device: torch.device) -> str:
-    """CPU (and GPU), cores, load, library versions and torch threads."""
-    gpu = f"; GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
-    return (
-        f"CPU {cpu_name()}, {len(os.sched_getaffinity(0))} cores available, load average "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}{gpu}; Python {platform.python_version()}, "
-        f"torch {torch.__version__}, torch threads {torch.get_num_threads()}"
-    )
-
-
 def findings(run: StreetRun) -> list[str]:
     """Bullets that read the headline tables: what each figure is made of and how it scales."""
     quality = run.quality
@@ -743,14 +707,18 @@ def report(
     fern = fern or []
     pairs = [(run.quality, run.barrier) for run in runs[1:]] + list(zip(headline[::2], headline[1::2]))
     pairs += list(zip(fern[::2], fern[1::2]))
-    same = all(identical(quality.runtime, barrier.runtime) for quality, barrier in pairs)
-    backends_same = all(identical(headline[0].runtime, r.runtime) for r in headline[2::2])
-    backends_same = backends_same and all(identical(fern[0].runtime, r.runtime) for r in fern[2::2])
+
+    def alike(a: OdinRuntime, b: OdinRuntime) -> bool:
+        return identical(model_state(a.params, a.optimizers), model_state(b.params, b.optimizers))
+
+    same = all(alike(quality.runtime, barrier.runtime) for quality, barrier in pairs)
+    backends_same = all(alike(headline[0].runtime, r.runtime) for r in headline[2::2])
+    backends_same = backends_same and all(alike(fern[0].runtime, r.runtime) for r in fern[2::2])
     lines = [
         "## bench_runtime: bookkeeping share and Shadow Graph memory on a sparse street",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {machine(torch.device(args.device))}  ",
+        f"Machine: {machine(torch, device=torch.device(args.device))}  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",
         (

@@ -1,6 +1,6 @@
 """Training benchmark: odin-splat through ns-train's command line on W processes, Odin's modes against the controls.
 
-Why: DESIGN.md's measurements from real runs of the product, side by side: throughput (views/s) and its share of
+Why: docs/design.md's measurements from real runs of the product, side by side: throughput (views/s) and its share of
 the wait-free bound, each worker's idle and exposed wait share, the barrier's wait each mode hides, the conflict
 rate, the fallback (re-run) rate, stale reads and their staleness, and the held-out PSNR the mode ends with.
 Quality-first must end at the barrier's model; throughput-first may admit bounded stale reads.
@@ -44,9 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,11 +52,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _report import BENCHMARKS, cpu_name, publish
+from _report import BENCHMARKS, machine, publish
 
 from odin_nerfstudio.comm.link import link_preset
 from odin_nerfstudio.core.timeline_cli import draw
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
+from odin_nerfstudio.ns.command_line import train_command
 
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
@@ -168,13 +167,6 @@ def run(command: list[str], timeout: float) -> str:
     return result.stdout
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (torchrun's rendezvous)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def make_street(args: argparse.Namespace, folder: Path) -> Path:
     """The sparse synthetic street."""
     scene = folder / "street"
@@ -203,41 +195,19 @@ def train_mode(
     """Train variant ``mode`` on W ranks behind ``interconnect``, evaluate rank 0's checkpoint, read every rank's
     trace and counters."""
     name = run_name(scene, mode, interconnect, round_)
-    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(args.workers), "--master-port", str(free_port())]
-    train = [
-        "--no-python",
-        str(BIN / "odin-train"),
+    options = ["--pipeline.model.num-downscales", "0", *VARIANTS[mode], "--interconnect", interconnect]
+    command = train_command(
         "odin-splat",
-        "--data",
-        str(scene),
-        "--machine.device-type",
-        args.device,
-        "--vis",
-        "tensorboard",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--output-dir",
-        str(folder),
-        "--experiment-name",
-        name,
-        "--timestamp",
-        "run",
-        "--max-num-iterations",
-        str(args.iterations),
-        "--steps-per-save",
-        str(args.iterations),
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--pipeline.model.num-downscales",
-        "0",
-        *VARIANTS[mode],
-        "--interconnect",
-        interconnect,
-    ]
+        scene,
+        folder,
+        args.iterations,
+        ranks=args.workers,
+        device_type=args.device,
+        experiment_name=name,
+        options=options,
+    )
     start = time.perf_counter()
-    run([*torchrun, *train], args.timeout)
+    run(command, args.timeout)
     wall = time.perf_counter() - start
     run_dir = folder / name / "odin-splat" / "run"
     eval_json = folder / f"{name}-eval.json"
@@ -374,9 +344,7 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
         "",
         f"Command: `{command}`  ",
         (
-            f"Machine: CPU {cpu_name()}, {len(os.sched_getaffinity(0))} cores available, load average "
-            f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; Python {platform.python_version()}; "
-            f"{args.workers} ranks ({'NCCL' if args.device == 'cuda' else 'gloo'}), one torch thread each  "
+            f"Machine: {machine()}; {args.workers} ranks ({'NCCL' if args.device == 'cuda' else 'gloo'}), one torch thread each  "
         ),
         f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",

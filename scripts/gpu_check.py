@@ -27,7 +27,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from odin_nerfstudio.comm.inprocess import VirtualTransport  # noqa: E402
-from odin_nerfstudio.core.camera import Camera  # noqa: E402
 from odin_nerfstudio.core.conflicts import StepRows  # noqa: E402
 from odin_nerfstudio.core.selective_adam import selective_adams  # noqa: E402
 from odin_nerfstudio.core.sparse import SparseUpdate  # noqa: E402
@@ -35,9 +34,9 @@ from odin_nerfstudio.core.tasks import Task  # noqa: E402
 from odin_nerfstudio.culling.candidates import CullRegion  # noqa: E402
 from odin_nerfstudio.drivers.step_loop import run_step, settle  # noqa: E402
 from odin_nerfstudio.kernels import ops  # noqa: E402
-from odin_nerfstudio.rendering.rasterize import rasterization  # noqa: E402
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology  # noqa: E402
 from odin_nerfstudio.runtime.runtime import OdinRuntime  # noqa: E402
+from odin_nerfstudio.scenes import toy  # noqa: E402
 
 LRS = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "features_dc": 2.5e-3}
 WORKERS, PER_WORKER = 2, 1
@@ -46,63 +45,22 @@ RUNS = (("barrier", 1), ("barrier", 2), ("quality", 2), ("throughput", 2))
 
 
 def make_params(num_gaussians: int, device: str) -> dict[str, torch.nn.Parameter]:
-    """Gaussians on a ring of radius 3 around the origin (gsplat's layout: log-scales, logit opacities)."""
-    generator = torch.Generator().manual_seed(0)
-    angle = torch.rand(num_gaussians, generator=generator) * 2 * math.pi
-    radius = 3.0 + 0.3 * torch.randn(num_gaussians, generator=generator)
-    height = 1.5 * (torch.rand(num_gaussians, generator=generator) - 0.5)
-    means = torch.stack([radius * torch.sin(angle), height, radius * torch.cos(angle)], dim=-1)
-    values = {
-        "means": means,
-        "scales": torch.log(0.01 + 0.03 * torch.rand(num_gaussians, 3, generator=generator)),
-        "quats": torch.randn(num_gaussians, 4, generator=generator),
-        "opacities": torch.randn(num_gaussians, generator=generator),
-        "features_dc": torch.rand(num_gaussians, 3, generator=generator),
-    }
-    return {name: torch.nn.Parameter(value.to(device)) for name, value in values.items()}
-
-
-def camera(view: int, num_views: int, size: int) -> Camera:
-    """View ``view`` of ``num_views`` at the origin, looking outward (neighbouring views overlap)."""
-    yaw = 2 * math.pi * view / num_views
-    forward = torch.tensor([math.sin(yaw), 0.0, math.cos(yaw)])
-    down = torch.tensor([0.0, 1.0, 0.0])
-    viewmat = torch.eye(4)
-    viewmat[:3, :3] = torch.stack([torch.linalg.cross(down, forward), down, forward])
-    K = torch.tensor([[0.75 * size, 0.0, size / 2], [0.0, 0.75 * size, size / 2], [0.0, 0.0, 1.0]])
-    return Camera(viewmat=viewmat, K=K, width=size, height=size)
+    """The toy ring (``odin_nerfstudio.scenes.toy``) taller and of finer Gaussians, on ``device``."""
+    return toy.make_params(num_gaussians, height=1.5, scales=(0.01, 0.03), device=device)
 
 
 def make_schedule(steps: int, num_views: int, size: int) -> list:
-    """step -> worker -> tasks: W x B distinct views per step from seeded shuffles."""
-    generator = torch.Generator().manual_seed(0)
-    schedule = []
-    for step in range(steps):
-        views = torch.randperm(num_views, generator=generator).tolist()
-        schedule.append([[Task(step, w, 0, views[w], camera(views[w], num_views, size))] for w in range(WORKERS)])
-    return schedule
+    """step -> worker -> tasks: W x B distinct views per step from seeded shuffles, ``size`` x ``size`` cameras."""
+    return toy.make_schedule(steps, WORKERS, PER_WORKER, num_views, size=size)
 
 
 def make_render(size: int, device: str):
-    """The task's render: rasterize the gathered rows, L1 against a fixed random target per view."""
+    """The task's render: the gathered rows rasterized (``toy.splat``), L1 against a fixed random target per view."""
 
     def render(task: Task, leaves: dict[str, torch.Tensor], generator: torch.Generator):
-        cam = task.camera
-        image, _, info = rasterization(
-            leaves["means"],
-            leaves["quats"],
-            torch.exp(leaves["scales"]),
-            torch.sigmoid(leaves["opacities"]),
-            leaves["features_dc"],
-            cam.viewmat[None].to(device),
-            cam.K[None].to(device),
-            cam.width,
-            cam.height,
-            packed=False,
-            backgrounds=torch.rand(1, 3, generator=generator).to(device),
-        )
+        image, info = toy.splat(task, leaves, generator)
         target = torch.rand(size, size, 3, generator=torch.Generator().manual_seed(task.view)).to(device)
-        return (image[0] - target).abs().mean(), info
+        return (image - target).abs().mean(), info
 
     return render
 
@@ -136,17 +94,6 @@ def synchronize(device: str) -> None:
     """Wait for the device's queued work (timing only)."""
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def state_of(runtime: OdinRuntime) -> dict[str, torch.Tensor]:
-    """Every parameter and Adam moment of the runtime's model."""
-    out = {}
-    for name, param in runtime.params.items():
-        state = runtime.optimizers[name].state[param]
-        out[name] = param.detach().clone()
-        out[f"{name}.exp_avg"] = state["exp_avg"].clone()
-        out[f"{name}.exp_avg_sq"] = state["exp_avg_sq"].clone()
-    return out
 
 
 def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -228,12 +175,12 @@ def main() -> None:
     total = sum(compiled.values())
     print(f"| all five | {sum(reference.values()) * 1e3:.3f} | {total * 1e3:.3f} | {total / step_s:.2%} |")
 
-    barrier, quality = state_of(runs[("barrier", 1)][0]), state_of(runs[("quality", 2)][0])
+    barrier, quality = toy.snapshot(runs[("barrier", 1)][0]), toy.snapshot(runs[("quality", 2)][0])
     difference = largest_difference(quality, barrier)
     if args.device == "cpu":
         print(f"\nquality equals barrier bit for bit: {difference == 0.0} (largest |diff| {difference:g})")
         sys.exit(0 if difference == 0.0 else 1)
-    noise = largest_difference(state_of(train("barrier", 1, args)[0]), barrier)
+    noise = largest_difference(toy.snapshot(train("barrier", 1, args)[0]), barrier)
     print(f"\nquality vs barrier largest |diff| {difference:g}; barrier vs barrier {noise:g} (gsplat's atomics); "
           f"quality within barrier's own spread: {difference <= noise}")
     sys.exit(0 if difference <= noise else 1)

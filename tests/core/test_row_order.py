@@ -16,7 +16,7 @@ from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.scenes.synth import look_at, street_world
 from odin_nerfstudio.drivers.virtual import run_virtual
 from tests.runtime.test_runtime import DENSE, schedule_of
-from tests.toy_scene import LRS, make_params, make_runtime, render_gsplat, snapshot
+from odin_nerfstudio.scenes.toy import LRS, make_params, make_runtime, render_gsplat, snapshot
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

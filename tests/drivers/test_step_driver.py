@@ -26,7 +26,7 @@ from odin_nerfstudio.drivers.step_loop import Ahead, ConflictStreak, run_step, s
 from odin_nerfstudio.comm.link import LinkModel, linked_distributed
 from odin_nerfstudio.comm.distributed import DistributedTransport
 from odin_nerfstudio.drivers.virtual import run_virtual
-from tests.toy_scene import LRS, assert_identical, make_params, make_runtime, make_schedule, render, snapshot
+from odin_nerfstudio.scenes.toy import LRS, assert_identical, make_params, make_runtime, make_schedule, render, snapshot
 
 SCHEDULE = {"num_steps": 6, "num_workers": 2, "per_worker": 1, "num_views": 12, "focal_scale": 2.0}
 LR_SCALE = 8.0

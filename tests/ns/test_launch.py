@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import traceback
 from pathlib import Path
 
@@ -20,42 +19,20 @@ from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.comm.replicas import check_replicas
 from odin_nerfstudio.scheduling.colmap_model import import_pycolmap
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
-from tests.ns.test_training import free_port
+from odin_nerfstudio.ns import command_line
 
-BIN = Path(sys.executable).parent
 ITERATIONS = 14
 
 
 def train_args(scene: Path, output: Path, name: str) -> list[str]:
-    return [
-        "odin-splat",
-        "--data",
-        str(scene),
-        "--machine.device-type",
-        "cpu",
-        "--vis",
-        "tensorboard",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--output-dir",
-        str(output),
-        "--experiment-name",
-        name,
-        "--timestamp",
-        "run",
-        "--max-num-iterations",
-        str(ITERATIONS),
-        "--steps-per-save",
-        str(ITERATIONS),
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--pipeline.model.num-downscales",
-        "0",
-        "--replica-check-every",
-        "5",
-    ]
+    """odin-splat's flags for ITERATIONS steps on ``scene`` into ``output / name`` (no program: the caller's)."""
+    options = ["--pipeline.model.num-downscales", "0", "--replica-check-every", "5"]
+    return command_line.train_args("odin-splat", scene, output, ITERATIONS, experiment_name=name, options=options)
+
+
+def train_command(scene: Path, output: Path, name: str, *extra: str, ranks: int | None = None) -> list[str]:
+    """:func:`train_args` then ``extra`` under ``ns-train``, or under ``odin-train`` on ``ranks`` torchrun ranks."""
+    return [*command_line.launcher(ranks), *train_args(scene, output, name), *extra]
 
 
 def final_state(output: Path, name: str) -> dict:
@@ -75,15 +52,14 @@ def run_one_thread(command: list[str]) -> str:
 @pytest.mark.slow
 def test_torchrun_two_gloo_ranks_equal_two_virtual_workers(tmp_path: Path) -> None:
     scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
-    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python"]
-    output = run_one_thread([*torchrun, str(BIN / "odin-train"), *train_args(scene, tmp_path, "ranks")])
+    output = run_one_thread(train_command(scene, tmp_path, "ranks", ranks=2))
     assert "rank 1 of 2 (gloo)" in output
     assert output.count("Training Finished") == 1, "rank 0 alone speaks for the job"
     assert output.count("LPIPS skipped") <= 1, "rank 0 alone warns that LPIPS is skipped"
     run = tmp_path / "ranks" / "odin-splat" / "run"
     assert (run / "odin_timeline_rank0.json").exists() and (run / "odin_timeline_rank1.json").exists()
     virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier"]
-    run_one_thread([str(BIN / "ns-train"), *train_args(scene, tmp_path, "virtual"), *virtual])
+    run_one_thread(train_command(scene, tmp_path, "virtual", *virtual))
 
     ranks, virtual = final_state(tmp_path, "ranks"), final_state(tmp_path, "virtual")
     params = [key for key in ranks["pipeline"] if "gauss_params" in key]
@@ -110,11 +86,10 @@ def test_two_tasks_in_flight_per_gloo_rank_equal_the_barrier_across_a_densificat
     its driver stages, validates and publishes beside them; quality-first still ends bit-identical to one process
     running both workers as virtual workers one task at a time (barrier), across a densification."""
     scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
-    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python"]
     lanes = ["--runtime.tasks-in-flight", "2", *LANES_DENSIFY]
-    run_one_thread([*torchrun, str(BIN / "odin-train"), *train_args(scene, tmp_path, "ranks"), *lanes])
+    run_one_thread(train_command(scene, tmp_path, "ranks", *lanes, ranks=2))
     virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier", *LANES_DENSIFY]
-    run_one_thread([str(BIN / "ns-train"), *train_args(scene, tmp_path, "virtual"), *virtual])
+    run_one_thread(train_command(scene, tmp_path, "virtual", *virtual))
 
     run = tmp_path / "ranks" / "odin-splat" / "run"
     for rank in range(2):

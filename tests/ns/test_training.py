@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,16 @@ import pytest
 import torch
 
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.ns.command_line import free_port, train_command
 from tests.conftest import real_scene
 
 BIN = Path(sys.executable).parent
-CPU_ARGS = ["--machine.device-type", "cpu", "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True"]
 SMALL_ARGS = ["--pipeline.model.num-downscales", "0", "--pipeline.datamanager.camera-res-scale-factor", "0.25"]
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run an ns-* command from this environment; fail with its output when it fails."""
+    """Run an ns-* command from this environment (named, or by its path as ``train_command`` gives it); fail with
+    its output when it fails."""
     result = subprocess.run(
         [str(BIN / args[0]), *args[1:]],
         capture_output=True,
@@ -34,13 +34,6 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
     assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def viewer_loads(config: Path, timeout: float = 180) -> None:
@@ -157,36 +150,18 @@ def test_real_scene_psnr_improves_by_2db_in_100_iterations(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     scene = real_scene("kermit_320")
-    common = [
-        "ns-train",
-        "odin-splat",
-        "--data",
-        str(scene),
-        *CPU_ARGS,
-        *SMALL_ARGS,
-        "--output-dir",
-        str(tmp_path),
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-    ]
-    run_cli(*common, "--max-num-iterations", "20", "--steps-per-save", "10", "--timestamp", "first")
+
+    def train(iterations: int, timestamp: str, *load: str) -> None:
+        """ns-train for ``iterations`` steps into the run folder ``timestamp``, a checkpoint every 10 steps."""
+        flags = {"timestamp": timestamp, "steps_per_save": 10, "options": [*SMALL_ARGS, *load]}
+        run_cli(*train_command("odin-splat", scene, tmp_path, iterations, **flags))
+
+    train(20, "first")
     first = tmp_path / scene.name / "odin-splat" / "first"
     assert (first / "nerfstudio_models" / "step-000000019.ckpt").exists()
     assert list(first.glob("events.out.tfevents.*")), "tensorboard events are written"
 
-    run_cli(
-        *common,
-        "--max-num-iterations",
-        "10",
-        "--steps-per-save",
-        "10",
-        "--timestamp",
-        "resumed",
-        "--load-dir",
-        str(first / "nerfstudio_models"),
-    )
+    train(10, "resumed", "--load-dir", str(first / "nerfstudio_models"))
     resumed = tmp_path / scene.name / "odin-splat" / "resumed"
     allow_nerfstudio_checkpoints()
     checkpoint = torch.load(resumed / "nerfstudio_models" / "step-000000029.ckpt", map_location="cpu")
@@ -214,32 +189,8 @@ def test_synthetic_scene_trains_with_wandb_offline(tmp_path: Path) -> None:
     """odin-synth writes a scene, ns-train trains on it logging to wandb offline, ns-eval reports its PSNR."""
     scene = tmp_path / "object"
     run_cli("odin-synth", "--preset", "object", "--num-views", "12", "--num-gaussians", "6000", "--output", str(scene))
-    run_cli(
-        "ns-train",
-        "odin-splat",
-        "--data",
-        str(scene),
-        "--machine.device-type",
-        "cpu",
-        "--vis",
-        "wandb",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--pipeline.model.num-downscales",
-        "0",
-        "--output-dir",
-        str(tmp_path),
-        "--max-num-iterations",
-        "40",
-        "--steps-per-save",
-        "40",
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--timestamp",
-        "wb",
-    )
+    options = ["--pipeline.model.num-downscales", "0"]
+    run_cli(*train_command("odin-splat", scene, tmp_path, 40, vis="wandb", timestamp="wb", options=options))
     run_dir = tmp_path / "object" / "odin-splat" / "wb"
     runs = list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
     assert runs and runs[0].stat().st_size > 0

@@ -22,7 +22,7 @@ from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.reads import Read
 from odin_nerfstudio.runtime.runtime import OdinRuntime, OdinRuntimeConfig
-from tests.toy_scene import LRS, camera, make_params, make_schedule, render_gsplat
+from odin_nerfstudio.scenes.toy import LRS, camera, make_params, make_schedule, render_gsplat
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.runtime.test_runtime import DENSE, adversarial, run
-from tests.toy_scene import snapshot
+from odin_nerfstudio.scenes.toy import snapshot
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

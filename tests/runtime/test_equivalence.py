@@ -22,7 +22,7 @@ from odin_nerfstudio.adapter.gsplat import refine_due, reset_due
 from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.conftest import real_scene
-from tests.toy_scene import snapshot
+from odin_nerfstudio.scenes.toy import snapshot
 
 STEPS = 68
 

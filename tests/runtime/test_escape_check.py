@@ -18,7 +18,14 @@ from odin_nerfstudio.scenes.synth import intrinsics, street_rig_cameras, street_
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.virtual import run_virtual
 from tests.conftest import REAL_SCENES, real_scene
-from tests.toy_scene import assert_identical, make_params, make_runtime, make_schedule, render_gsplat, snapshot
+from odin_nerfstudio.scenes.toy import (
+    assert_identical,
+    make_params,
+    make_runtime,
+    make_schedule,
+    render_gsplat,
+    snapshot,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -18,7 +18,7 @@ from odin_nerfstudio.kernels import _backend, ops
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
 from tests.runtime.test_runtime import SPARSE, schedule_of, structural_change
-from tests.toy_scene import assert_identical, make_params, make_runtime, snapshot
+from odin_nerfstudio.scenes.toy import assert_identical, make_params, make_runtime, snapshot
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -20,7 +20,7 @@ from odin_nerfstudio.runtime.lanes import Lanes
 from odin_nerfstudio.runtime.runtime import OdinRuntimeConfig
 from odin_nerfstudio.runtime.shadow import ShadowGraph
 from tests.runtime.test_runtime import SPARSE, schedule_of, structural_change
-from tests.toy_scene import assert_identical, make_params, make_runtime, render, snapshot
+from odin_nerfstudio.scenes.toy import assert_identical, make_params, make_runtime, render, snapshot
 
 CHANGE_AT = 4
 

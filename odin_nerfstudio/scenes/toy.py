@@ -1,9 +1,13 @@
-"""A small differentiable Gaussian scene for the runtime tests: a ring of Gaussians seen by outward-looking views.
+"""A small differentiable Gaussian scene: a ring of Gaussians seen by outward-looking views.
 
 Why: the runtime's equivalence and property tests run hundreds of tasks; a splat renderer of a few lines (isotropic
 screen-space Gaussians, normalized blending, 8 x 8 pixels) keeps them fast while reading exactly the rows of the
 gathered parameters, with gsplat's parameter layout (log-scales, logit opacities) and a ``radii`` meta whose
 positive entries are the rows it sees. Neighbouring views overlap, so tasks conflict on shared Gaussians.
+
+The same ring, its cameras and schedule, and :func:`splat` (a task's gathered rows through the project's
+rasterizer, gsplat's call) serve the tests, ``scripts/gpu_check.py`` (larger images, on CUDA) and the benchmarks
+(``splat`` with SH bands, on a street).
 """
 
 from __future__ import annotations
@@ -28,20 +32,31 @@ NEAR = 0.01
 LRS = {"means": 0.05, "scales": 0.02, "quats": 0.01, "opacities": 0.05, "features_dc": 0.05}
 
 
-def make_params(num_gaussians: int = 120, seed: int = 0) -> dict[str, torch.nn.Parameter]:
-    """Gaussians on a ring of radius 3 around the origin, gsplat's layout: means [N, 3], log-scales [N, 3], ..."""
+def make_params(
+    num_gaussians: int = 120,
+    seed: int = 0,
+    height: float = 0.6,
+    scales: tuple[float, float] = (0.05, 0.1),
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.nn.Parameter]:
+    """Gaussians on a ring of radius 3 around the origin, gsplat's layout: means [N, 3], log-scales [N, 3], ...
+
+    ``height``: the ring's height (m); ``scales``: each axis' scale drawn from ``scales[0] + scales[1] x U(0, 1)``.
+    """
     generator = torch.Generator().manual_seed(seed)
     angle = torch.rand(num_gaussians, generator=generator) * 2 * math.pi
     radius = 3.0 + 0.3 * torch.randn(num_gaussians, generator=generator)
-    height = 0.6 * (torch.rand(num_gaussians, generator=generator) - 0.5)
-    means = torch.stack([radius * torch.sin(angle), height, radius * torch.cos(angle)], dim=-1)
-    return {
-        "means": torch.nn.Parameter(means),
-        "scales": torch.nn.Parameter(torch.log(0.05 + 0.1 * torch.rand(num_gaussians, 3, generator=generator))),
-        "quats": torch.nn.Parameter(torch.randn(num_gaussians, 4, generator=generator)),
-        "opacities": torch.nn.Parameter(torch.randn(num_gaussians, generator=generator)),
-        "features_dc": torch.nn.Parameter(torch.rand(num_gaussians, 3, generator=generator)),
+    y = height * (torch.rand(num_gaussians, generator=generator) - 0.5)
+    means = torch.stack([radius * torch.sin(angle), y, radius * torch.cos(angle)], dim=-1)
+    smallest, spread = scales
+    values = {
+        "means": means,
+        "scales": torch.log(smallest + spread * torch.rand(num_gaussians, 3, generator=generator)),
+        "quats": torch.randn(num_gaussians, 4, generator=generator),
+        "opacities": torch.randn(num_gaussians, generator=generator),
+        "features_dc": torch.rand(num_gaussians, 3, generator=generator),
     }
+    return {name: torch.nn.Parameter(value.to(device)) for name, value in values.items()}
 
 
 def camera(view: int, num_views: int, size: int = IMAGE, focal_scale: float = 0.75) -> Camera:
@@ -105,31 +120,55 @@ def render(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) ->
     return loss, {"radii": radii}
 
 
-def render_gsplat(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
-    """The same task through the project's CPU rasterizer (gsplat's call), non-packed, with its meta."""
-    background = torch.rand(1, 3, generator=generator)
+def splat(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    """Render a task from its gathered rows through the project's rasterizer (gsplat's call, non-packed): the image
+    [H, W, 3] over a background drawn from the task's generator, and the rasterizer's meta.
+
+    ``leaves`` hold gsplat's parameter layout (log-scales, logit opacities) on one device; the task's camera is
+    moved there. Colours are ``features_dc`` [M, 3], or with ``features_rest`` [M, K, 3] the SH coefficients of
+    degree sqrt(K + 1) - 1.
+    """
+    device = leaves["means"].device
+    background = torch.rand(1, 3, generator=generator).to(device)
+    colors, sh_degree = leaves["features_dc"], None
+    if "features_rest" in leaves:
+        colors = torch.cat([leaves["features_dc"][:, None], leaves["features_rest"]], dim=1)
+        sh_degree = math.isqrt(colors.shape[1]) - 1
     cam = task.camera
     image, _, info = rasterization(
         leaves["means"],
         leaves["quats"],
         torch.exp(leaves["scales"]),
         torch.sigmoid(leaves["opacities"]),
-        leaves["features_dc"],
-        cam.viewmat[None],
-        cam.K[None],
+        colors,
+        cam.viewmat[None].to(device),
+        cam.K[None].to(device),
         cam.width,
         cam.height,
+        sh_degree=sh_degree,
         packed=False,
         backgrounds=background,
     )
-    loss = (image[0] - target(task.view)).abs().mean()
-    return loss, info
+    return image[0], info
+
+
+def render_gsplat(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
+    """The same task through the project's CPU rasterizer (:func:`splat`), L1 against the view's target."""
+    image, info = splat(task, leaves, generator)
+    return (image - target(task.view)).abs().mean(), info
 
 
 def make_schedule(
-    num_steps: int, num_workers: int, per_worker: int, num_views: int, seed: int = 0, focal_scale: float = 0.75
+    num_steps: int,
+    num_workers: int,
+    per_worker: int,
+    num_views: int,
+    seed: int = 0,
+    focal_scale: float = 0.75,
+    size: int = IMAGE,
 ) -> list:
-    """step -> worker -> tasks: each step takes W x B views from seeded shuffles (distinct while W x B <= V)."""
+    """step -> worker -> tasks: each step takes W x B views from seeded shuffles (distinct while W x B <= V), seen
+    by :func:`camera` at ``size`` x ``size`` pixels."""
     generator = torch.Generator().manual_seed(seed)
     schedule = []
     shuffles = -(-num_workers * per_worker // num_views)
@@ -139,7 +178,7 @@ def make_schedule(
         schedule.append(
             [
                 [
-                    Task(step, w, b, view, camera(view, num_views, focal_scale=focal_scale))
+                    Task(step, w, b, view, camera(view, num_views, size, focal_scale))
                     for b, view in enumerate(chosen[w])
                 ]
                 for w in range(num_workers)
