@@ -15,6 +15,8 @@ from typing import Any
 
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig
+
 
 class OptionError(ValueError):
     """An option out of range; the message names its CLI flag, the value and the allowed range."""
@@ -65,9 +67,7 @@ def check_options(config: Any) -> None:
     Raises:
         OptionError: naming every offending flag, its value and its allowed range.
     """
-    from odin_nerfstudio.ns.trainer import OdinTrainerConfig
-
-    if not isinstance(config, OdinTrainerConfig):
+    if not isinstance(getattr(config, "runtime", None), OdinRuntimeConfig):
         return
     problems = [
         f"{flag(path)} {_value(config, path)!r}: must be {allowed}"

@@ -146,6 +146,7 @@ def build_runtime(
     start_step: int = 0,
     topology: Topology | None = None,
     seed: int = 0,
+    renderer: SplatTaskRenderer | None = None,
 ) -> OdinRuntime:
     """An Odin runtime that trains `model.gauss_params` in place with `optimizers` (one selective Adam per
     Gaussian parameter) and the model's strategy; its statistics start from zero.
@@ -156,7 +157,8 @@ def build_runtime(
     set (a projection of the rows of its drawable region outside C(t), see `SplatTaskRenderer.drawable`); an
     escape is counted and, in quality-first, re-run. `start_step` > 0 resumes after a checkpoint of step
     `start_step` - 1 (see `OdinRuntime`). The model's batch rule (`model.batch`, set by `scale_to_batch`) gives the
-    runtime its adaptive gain, if any.
+    runtime its adaptive gain, if any. `renderer`: the task renderer over `model` and `images` (default: a new one;
+    a trainer keeps its own to read the tasks' losses).
     """
     params = model.gauss_params
     topology = topology if topology is not None else Topology()
@@ -167,7 +169,7 @@ def build_runtime(
     if missing:
         raise ValueError(f"the runtime needs a SelectiveAdam for each Gaussian parameter; missing for {missing}")
     model.strategy_state = model.strategy.initialize_state(scene_scale=1.0)
-    renderer = SplatTaskRenderer(model, images)
+    renderer = renderer if renderer is not None else SplatTaskRenderer(model, images)
     return OdinRuntime(
         config,
         params,

@@ -44,11 +44,29 @@ from nerfstudio.utils import comms
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_nerfstudio.comm.link import InterconnectName
+from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA, structural_change_due
+from odin_nerfstudio.comm.distributed import DistributedTransport
 from odin_nerfstudio.comm.exchange_choice import ExchangeChoice
-from odin_nerfstudio.core.timeline_metrics import TimelineMeter, live_scalars
-from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
+from odin_nerfstudio.comm.inprocess import VirtualTransport
+from odin_nerfstudio.comm.link import InterconnectName, link_preset, linked_distributed, linked_virtual
+from odin_nerfstudio.comm.replicas import check_replicas
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.tasks import step_tasks
+from odin_nerfstudio.core.timeline_metrics import TimelineMeter, live_scalars
+from odin_nerfstudio.drivers.step_loop import settle
+from odin_nerfstudio.drivers.training_loop import LoopConfig, TrainingLoop
+from odin_nerfstudio.kernels.ops import scatter_in_order
+from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint, restore_strategy_state, save_trainer_checkpoint
+from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
+from odin_nerfstudio.ns.rank0_work import wait_for_rank0
+from odin_nerfstudio.ns.splat_runtime import (
+    GAUSSIAN_PARAMS,
+    SplatTaskRenderer,
+    build_runtime,
+    odin_camera,
+    structural_change,
+)
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 
 TIMELINE_FILENAME = "odin_timeline.json"
 COUNTERS_FILENAME = "odin_counters.json"
@@ -135,10 +153,6 @@ class OdinTrainer(Trainer):
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
-        from odin_nerfstudio.ns.checkpoints import restore_strategy_state
-        from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
-        from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS, build_runtime
-
         check_options(self.config)
         # K is named once, by the user, as the runtime's ring slots; the schedule's overlap windows use the same K.
         self.config.pipeline.datamanager.ring_size = self.config.runtime.ring_slots
@@ -156,6 +170,7 @@ class OdinTrainer(Trainer):
         datamanager = self.pipeline.datamanager
         self.local_workers = list(datamanager.workers)
         images = [datamanager.cached_train[i]["image"] for i in range(len(datamanager.cached_train))]
+        self._renderer = SplatTaskRenderer(model, images)
         self.runtime = build_runtime(
             model,
             images,
@@ -166,14 +181,16 @@ class OdinTrainer(Trainer):
             start_step=self._start_step,
             topology=self._topology(),
             seed=self.config.machine.seed,
+            renderer=self._renderer,
         )
         runtime = self.runtime
         restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
         self._cameras: dict = {}
-        self._ahead = None
-        from odin_nerfstudio.drivers.step_loop import ConflictStreak
-
-        self._streak = ConflictStreak(self.config.read_behind_after)
+        config = self.config
+        loop = LoopConfig(config.follow_overlap_window, config.run_ahead, config.expect_remote_writes,
+                          config.read_behind_after)
+        last_step = self._start_step + config.max_num_iterations - 1
+        self.loop = TrainingLoop(runtime, self._step_tasks, self.local_workers, last_step, loop)
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.world_size == 1 and self.runtime.topology.num_workers > 1:
             CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
@@ -184,8 +201,6 @@ class OdinTrainer(Trainer):
         steps of W x B views, and the configured rates, betas, eps and decays are scaled as Grendel does
         (`--pipeline.model.batch-scaling off`: as configured); the adaptive rule's gain on the rates is the runtime's,
         at each publication. The config keeps the one-view values the user wrote."""
-        from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
-
         param_groups = self.pipeline.get_param_groups()
         extra = sorted(set(param_groups) - set(GAUSSIAN_PARAMS))
         if extra:
@@ -210,12 +225,6 @@ class OdinTrainer(Trainer):
     def _transports(self) -> list | None:
         """One torch.distributed transport per process in a distributed run; None (in-process) otherwise; behind
         the `interconnect` link model when one is chosen (then in-process workers get their linked endpoints)."""
-        from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
-        from odin_nerfstudio.comm.link import link_preset, linked_distributed, linked_virtual
-        from odin_nerfstudio.comm.distributed import DistributedTransport
-        from odin_nerfstudio.comm.inprocess import VirtualTransport
-        from odin_nerfstudio.kernels.ops import scatter_in_order
-
         link = link_preset(self.config.interconnect)
         params = {name: param for name, param in self.pipeline.model.gauss_params.items()}
         if self.world_size == 1:
@@ -261,67 +270,40 @@ class OdinTrainer(Trainer):
 
     def _camera(self, view: int):
         """The runtime camera of ``view``, built once per view."""
-        from odin_nerfstudio.ns.splat_runtime import odin_camera
-
         if view not in self._cameras:
             cameras = self.pipeline.datamanager.train_dataset.cameras
             self._cameras[view] = odin_camera(cameras, view, self.pipeline.model.device)
         return self._cameras[view]
 
     def train_iteration(self, step: int):
-        """Schedule step ``step``: a structural change due after step - 1, then the local tasks through the runtime.
+        """Schedule step ``step``: a structural change due after step - 1, then the local tasks through the runtime
+        (``drivers/training_loop.py``).
 
         Returns nerfstudio's (loss, loss dict, metrics dict): the mean loss of the step's local tasks, the Gaussian
         count and the runtime's counters so far.
         """
-        from odin_nerfstudio.ns.splat_runtime import structural_change
-        from odin_nerfstudio.adapter.gsplat import structural_change_due
-        from odin_nerfstudio.core.tasks import step_tasks
-        from odin_nerfstudio.drivers.step_loop import Ahead, run_step, settle
-
         model, runtime = self.pipeline.model, self.runtime
         if step > 0 and structural_change_due(model.strategy, step - 1):
             settle(runtime)
             runtime.remap(structural_change(model, runtime, step - 1))
-        plan = self.pipeline.datamanager.schedule.at(step)
-        read_after = step - len(plan.overlap_window) - 1 if self.config.follow_overlap_window else -1
-        if self.config.expect_remote_writes:
-            remote = [worker for worker in range(len(plan.tasks)) if worker not in self.local_workers]
-            runtime.expect([task for tasks in step_tasks(step, plan.tasks, self._camera, remote) for task in tasks])
-        started = self._ahead.started if self._ahead is not None and self._ahead.step == step else set()
-        self._ahead = None
-        if step + 1 < self._start_step + self.config.max_num_iterations:
-            upcoming = self._local_tasks(step + 1)
-            if not self._streak.reads_behind():  # a step read behind has no use for rows first
-                runtime.upcoming([task for tasks in upcoming for task in tasks])
-            if self._may_run_ahead(step):
-                self._ahead = Ahead(step + 1, upcoming)
-        run_step(runtime, step, self._local_tasks(step), read_after, self._ahead, started, self._streak)
+        self.loop.iteration(step, self._may_run_ahead(step))
         if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
             self._check_replicas(step)
-        losses = runtime.render_fn.pop_losses(step)
+        losses = self._renderer.pop_losses(step)
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
         logged = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
         return loss, {"main_loss": loss}, self._odin_metrics(timeline=logged)
 
-    def _local_tasks(self, step: int) -> list[list]:
-        """The runtime tasks of this process's workers in schedule step ``step``, one list per local worker."""
-        from odin_nerfstudio.core.tasks import step_tasks
-
+    def _step_tasks(self, step: int) -> tuple[list[list], int]:
+        """Every schedule worker's runtime tasks of ``step`` and the length of its overlap window."""
         plan = self.pipeline.datamanager.schedule.at(step)
-        return step_tasks(step, plan.tasks, self._camera, self.local_workers)
+        return step_tasks(step, plan.tasks, self._camera), len(plan.overlap_window)
 
     def _may_run_ahead(self, step: int) -> bool:
-        """Whether step ``step``'s workers may run step + 1's tasks (``--run-ahead``): not at the last step, nor
-        before what needs step ``step``'s synchronous state (a structural change, an evaluation, a checkpoint, a
-        replica check), nor when reads follow the schedule's overlap windows."""
-        from odin_nerfstudio.adapter.gsplat import structural_change_due
-
+        """Whether nothing after step ``step`` needs its synchronous state (a structural change, an evaluation, a
+        checkpoint, a replica check), so its workers may run step + 1's tasks (``--run-ahead``; the training loop
+        also checks the last step and the overlap windows)."""
         config = self.config
-        if not config.run_ahead or config.follow_overlap_window:
-            return False
-        if step + 1 >= self._start_step + config.max_num_iterations:
-            return False
         settles = [config.steps_per_save, config.steps_per_eval_batch, config.steps_per_eval_image]
         settles.append(config.steps_per_eval_all_images)
         if self.world_size > 1:
@@ -367,8 +349,6 @@ class OdinTrainer(Trainer):
     def save_checkpoint(self, step: int) -> None:
         """Settle the runtime on every rank (its steps <= ``step`` published), then save atomically with the
         strategy state (rank 0; ``checkpoints.py``)."""
-        from odin_nerfstudio.ns.checkpoints import save_trainer_checkpoint
-
         self._settle()
         if comms.is_main_process():
             save_trainer_checkpoint(self, step)
@@ -376,15 +356,11 @@ class OdinTrainer(Trainer):
 
     def _after_rank0_work(self, what: str, step: int) -> None:
         """Distributed: every rank waits for rank 0's ``what`` of ``step`` at a barrier of its own timeout."""
-        from odin_nerfstudio.ns.rank0_work import wait_for_rank0
-
         if self.world_size > 1:
             wait_for_rank0(what, step, self.config.rank0_work_timeout_s, self.distributed_transports)
 
     def _load_checkpoint(self) -> None:
         """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime."""
-        from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint
-
         self._saved_strategy = load_trainer_checkpoint(self)
 
     def _after_train(self) -> None:
@@ -392,14 +368,9 @@ class OdinTrainer(Trainer):
 
         A run stopped from the viewer may have run tasks of the next step ahead: that step is finished first, so the
         last checkpoint holds a whole step's state and names it."""
-        from odin_nerfstudio.drivers.step_loop import run_step
-
-        if self._ahead is not None and self._ahead.started:
-            ahead, self._ahead = self._ahead, None
-            run_step(self.runtime, ahead.step, self._local_tasks(ahead.step), started=ahead.started)
-            self.step = ahead.step
-        self._settle()
-        self.runtime.lanes.close()
+        finished = self.loop.finish()
+        self.step = self.step if finished is None else finished
+        self.runtime.close()
         if self.world_size > 1:
             self._check_replicas(self.step)
         if self.config.export_timeline:
@@ -425,14 +396,10 @@ class OdinTrainer(Trainer):
 
     def _check_replicas(self, step: int) -> None:
         """Settle, then compare every rank's replica with rank 0's (a collective at the same step on every rank)."""
-        from odin_nerfstudio.comm.replicas import check_replicas
-
         self._settle()
         check_replicas(dict(self.pipeline.model.gauss_params), step, transports=self.distributed_transports)
 
     def _settle(self) -> None:
         """Publish every started step (the runtime exists once setup has run)."""
-        from odin_nerfstudio.drivers.step_loop import settle
-
         if hasattr(self, "runtime"):
             settle(self.runtime)

@@ -111,6 +111,26 @@ class Commits:
                     self._publish_first(step, first)
                     changed = True
 
+    def await_next(self, timeout: float) -> bool:
+        """Block until the next step's first part (where it was asked for and is not published yet) or its whole
+        exchange arrives, if every local worker has sent its part (only a remote transport blocks: the other ranks
+        may still compute); returns whether it waited."""
+        step = self.publisher.published_through + 1
+        if not self.exchange.all_sent(step):
+            return False
+        if self.exchange.asked(step) and step not in self.publisher.early:
+            self.exchange.wait_first(step, timeout)
+        else:
+            self.exchange.wait(step, timeout)
+        return True
+
+    def check_drained(self) -> None:
+        """Raise unless every staged step is published and no exchange is in flight (a task that read but was not
+        staged, or a worker's incomplete step, leaves its step open)."""
+        if self.shadow.open_slots() or self.exchange.in_flight():
+            steps = [slot.step for slot in self.shadow.open_slots()]
+            raise RuntimeError(f"drain: steps {steps} are not published (every worker must finish its tasks first)")
+
     def publish(self, step: int, tables: PrimitiveTables, timeout: float) -> None:
         """Apply selective Adam to the union of ``step``'s active rows, accumulate every worker's task statistics
         (worker order, then task order), advance the rows' versions and free the slot. Publications run in step

@@ -108,9 +108,7 @@ class OdinRuntime:
             restore_spatial_order(params, optimizers, strategy_state)
         self.shadow = ShadowGraph(config.ring_slots, device=self.device, measure_norms=batch_gain is not None)
         self.meter = Meter(self.device, clock, record_decisions)
-        if index is None:
-            index = CullingIndex(params, self.adapter, config.candidate_margin, config.near_plane)
-        self.index = index
+        self.index = index or CullingIndex(params, self.adapter, config.candidate_margin, config.near_plane)
         self.policy = POLICIES[config.mode].of(config)
         finder = None if visibility_fn is None else escape_finder(visibility_fn, self.index, params)
         drawn = drawn_finder(visibility_fn, self.index, params) if isinstance(visibility_fn, EscapeCheck) else None
@@ -119,18 +117,14 @@ class OdinRuntime:
         self.validator = Validator(config.ring_slots, self.index, finder, drawable)
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)
-        self.publisher = Publisher(
-            params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads, batch_gain
-        )
-        keeps_stats = strategy_state is not None
-        self.data = DataPlane(
-            params, self.shadow, self.log, self.remote, self.publisher, self.meter, self.adapter, seed, keeps_stats,
-            config.wait_timeout_s,
-        )
+        publisher = Publisher(params, optimizers, self.adapter, strategy_state, start_step - 1, config.record_reads,
+                              batch_gain)
+        self.publisher, stats, timeout = publisher, strategy_state is not None, config.wait_timeout_s
+        self.data = DataPlane(params, self.shadow, self.log, self.remote, publisher, self.meter, self.adapter, seed,
+                              stats, timeout)
         self.lanes = Lanes(self._lane_work, config.tasks_in_flight, self.device, config.wait_timeout_s)
-        self.gate = ReadGate(
-            self.policy, config.ring_slots, self.publisher, self.remote, self.shadow, self.index, self.meter, params
-        )
+        self.gate = ReadGate(self.policy, config.ring_slots, publisher, self.remote, self.shadow, self.index,
+                             self.meter, params)
         self.commits = Commits(
             self.policy, config.priority_publication, self.shadow, self.exchange, self.validator, self.log,
             self.meter, self.publisher, self.index, params, self._rerun, self.publish, self.publish_first,
@@ -206,13 +200,11 @@ class OdinRuntime:
         self.lanes.close()
 
     def finish(self, read: Read) -> None:
-        """Render an admitted task with ``render_fn``, back-propagate, and run :meth:`after_backward`, on this
-        thread (gathering it first if it was not)."""
+        """Gather (if not yet), render and back-propagate an admitted task on this thread; :meth:`after_backward`."""
         self.after_backward(read, self._lane_work(read, True))
 
     def start(self, read: Read) -> None:
-        """Put an admitted read in flight on a lane (gather, render, backward); :meth:`collect` stages it. With one
-        lane it renders now, on this thread, as :meth:`finish` would."""
+        """Put an admitted read in flight on a lane (with one lane: now, on this thread); :meth:`collect` stages it."""
         self.lanes.start(read)
         self.counters.most_in_flight = max(self.counters.most_in_flight, self.lanes.in_flight)
 
@@ -272,28 +264,19 @@ class OdinRuntime:
         self.commits.publish_first(step, first, self.data.tables)
 
     def await_publication(self, timeout: float) -> bool:
-        """Block until the next step's first part (where it was asked for and is not published yet) or its whole
-        exchange arrives and publish it, if every local worker has sent its part (only a remote transport blocks:
-        the other ranks may still compute); returns whether it did."""
-        step = self.published_through + 1
-        if not self.exchange.all_sent(step):
+        """Block until the next step's first part or whole exchange arrives and publish it, if every local worker
+        has sent its part (``Commits.await_next``); returns whether it did."""
+        if not self.commits.await_next(timeout):
             return False
-        if self.exchange.asked(step) and step not in self.publisher.early:
-            self.exchange.wait_first(step, timeout)
-        else:
-            self.exchange.wait(step, timeout)
         self.progress()
         return True
 
     def drain(self) -> None:
-        """The barrier before a structural change: every staged step published, nothing in flight; raises if a
-        task has read but not been staged, or a worker's step is incomplete."""
+        """The barrier before a structural change: every staged step published, nothing in flight (else raises)."""
         if self.lanes.in_flight:
             raise RuntimeError(f"drain: {self.lanes.in_flight} tasks still in flight (collect them first: join)")
         self.progress()
-        if self.shadow.open_slots() or self.exchange.in_flight():
-            steps = [slot.step for slot in self.shadow.open_slots()]
-            raise RuntimeError(f"drain: steps {steps} are not published (every worker must finish its tasks first)")
+        self.commits.check_drained()
 
     def remap(self, index_map: Tensor) -> None:
         """Carry the per-primitive tables through a structural change (``index_map`` int64 [N_new]: new row -> old
