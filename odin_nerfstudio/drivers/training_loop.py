@@ -79,6 +79,12 @@ class TrainingLoop:
         tasks, _ = self._tasks(step)
         return [[_as_worker(task, local) for task in tasks[worker]] for local, worker in enumerate(self.local_workers)]
 
+    def offers_ahead(self, step: int, may_run_ahead: bool) -> bool:
+        """Whether ``step``'s workers may run step + 1's tasks: ``--run-ahead`` on, reads not following the overlap
+        windows, not the last step, and nothing after ``step`` needing its synchronous state (``may_run_ahead``)."""
+        config = self.config
+        return may_run_ahead and config.run_ahead and not config.follow_overlap_window and step < self.last_step
+
     def iteration(self, step: int, may_run_ahead: bool) -> None:
         """Run ``step``'s local tasks (``run_step``), having told the runtime what it needs to know first;
         ``may_run_ahead``: nothing that needs this step's synchronous state follows it (the caller's to say)."""
@@ -94,7 +100,7 @@ class TrainingLoop:
             upcoming = self.local(step + 1)
             if not self.streak.reads_behind():  # a step read behind has no use for rows first
                 runtime.upcoming([task for worker in upcoming for task in worker])
-            if may_run_ahead and config.run_ahead and not config.follow_overlap_window:
+            if self.offers_ahead(step, may_run_ahead):
                 self.ahead = Ahead(step + 1, upcoming)
         run_step(runtime, step, self.local(step), read_after, self.ahead, started, self.streak)
 

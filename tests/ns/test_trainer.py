@@ -8,6 +8,8 @@ cannot train are refused before any work.
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import json
 import math
@@ -224,8 +226,8 @@ def test_running_ahead_is_offered_except_before_what_needs_the_synchronous_state
     strategy = trainer.pipeline.model.strategy
     structural = [step for step in range(42) if structural_change_due(strategy, step)]
     assert structural, "the densification config refines within the run"
-    offered = [step for step in range(42) if trainer._may_run_ahead(step)]
+    offered = [step for step in range(42) if trainer.loop.offers_ahead(step, trainer._may_run_ahead(step))]
     settling = {0, 15, 30, 41, *structural}
     assert offered == [step for step in range(42) if step not in settling]
-    trainer.config.run_ahead = False
-    assert not any(trainer._may_run_ahead(step) for step in range(42))
+    trainer.loop.config = dataclasses.replace(trainer.loop.config, run_ahead=False)
+    assert not any(trainer.loop.offers_ahead(step, trainer._may_run_ahead(step)) for step in range(42))
