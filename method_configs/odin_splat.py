@@ -1,7 +1,9 @@
 """`odin-splat`: the method specification ns-train discovers.
 
 This module is loaded by every ns-* command through nerfstudio's entry points, so it imports only what the
-specifications need; heavy or optional libraries (pycolmap, scipy, matplotlib) load lazily where used.
+specifications need; heavy or optional libraries (pycolmap, scipy, matplotlib) load lazily where used. Being the
+plugin's first code in such a command, it runs ``prepare_command`` (``odin_nerfstudio/ns/startup.py``) for the
+commands that run odin-splat: the CUDA check before nerfstudio prints anything, the CPU threads, quieter output.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from odin_nerfstudio.ns.datamanager import OdinDatamanagerConfig
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
 from odin_nerfstudio.ns.pipeline import OdinPipelineConfig
+from odin_nerfstudio.ns.startup import prepare_command
 from odin_nerfstudio.ns.trainer import OdinTrainerConfig, SelectiveAdamOptimizerConfig
 
 allow_nerfstudio_checkpoints()
@@ -66,3 +69,5 @@ odin_splat = MethodSpecification(
         "options --runtime.*, --pipeline.datamanager.num-workers, --pipeline.datamanager.views-per-step."
     ),
 )
+
+prepare_command()

@@ -1,9 +1,21 @@
-"""Shared fixtures: the real scenes. kermit_320 ships in tests/data and is always there; fern, fountain_p11 and kermit
-(640x480) live in ../shared/data, skipped with a reason outside CI when absent, required inside it."""
+"""Shared fixtures: the real scenes, torch's threads, and the fast default.
+
+Scenes: kermit_320 ships in tests/data and is always there; fern, fountain_p11 and kermit (640x480) live in
+../shared/data, skipped with a reason outside CI when absent, required inside it.
+
+Threads: the session runs torch at the plugin's thread count (``odin_nerfstudio/ns/threads.py``: the cores this
+process may run on, fewer when the machine is busy; ``ODIN_CPU_THREADS`` or ``OMP_NUM_THREADS`` set it instead),
+as ns-train, ns-eval and odin-train do; ``one_torch_thread`` and ``default_torch_threads`` set their own per test.
+
+Slow tests (``@pytest.mark.slow``: end-to-end training runs, the long equivalence runs) are deselected by default so
+that ``pytest`` stays within minutes on a 2-core machine; ``--slow`` runs them too (``.ci/run`` does), ``-m slow``
+only them, and a test named by its node id always runs.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +43,45 @@ def real_scene(name: str) -> Path:
     return path
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (CI runs them)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """torch at the plugin's thread count for the whole session (see the header)."""
+    from odin_nerfstudio.ns.threads import apply_cpu_threads
+
+    apply_cpu_threads()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the slow tests unless --slow, a -m expression, or node ids name what to run."""
+    if config.getoption("--slow") or config.option.markexpr or any("::" in arg for arg in config.args):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    import torch
+
+    from odin_nerfstudio.ns.threads import machine_threads
+
     if len(REAL_SCENES) > 1:
-        return f"real scenes: {SHIPPED_SCENE} (tests/data), {', '.join(SHARED_SCENES)} from {SHARED_DATA}"
-    return (
-        f"real scenes: {SHIPPED_SCENE} (tests/data) only; {SHARED_DATA} not found, so the cases on "
-        f"{', '.join(SHARED_SCENES)} are not collected and the tests tied to them skip (set ODIN_SHARED_DATA)"
+        scenes = f"real scenes: {SHIPPED_SCENE} (tests/data), {', '.join(SHARED_SCENES)} from {SHARED_DATA}"
+    else:
+        scenes = (
+            f"real scenes: {SHIPPED_SCENE} (tests/data) only; {SHARED_DATA} not found, so the cases on "
+            f"{', '.join(SHARED_SCENES)} are not collected and the tests tied to them skip (set ODIN_SHARED_DATA)"
+        )
+    threads = (
+        f"torch threads: {torch.get_num_threads()} (the plugin's rule at this load; {machine_threads()} on this "
+        "machine idle, which the default_torch_threads tests use)"
     )
+    slow = "slow tests: run" if config.getoption("--slow") else "slow tests: deselected unless --slow or -m"
+    return [scenes, threads, slow]
 
 
 @pytest.fixture(params=REAL_SCENES)
@@ -70,17 +114,22 @@ def one_torch_thread():
 
 
 @pytest.fixture
-def default_torch_threads() -> int:
-    """Torch's default intra-op thread count, for tests that show results do not depend on thread scheduling.
+def default_torch_threads() -> Iterator[int]:
+    """The plugin's thread count on this machine when it is idle (``odin_nerfstudio.ns.threads.machine_threads``:
+    each local rank's share of the cores it may run on), set for the test, for tests that show results do not
+    depend on how the threads are scheduled. A busy machine gets fewer threads from the rule, down to one, where
+    the one-thread tests apply.
 
-    Skips on a machine with one core (no threads to race); elsewhere fails if the count is 1 (OMP_NUM_THREADS=1 or a
-    leftover set_num_threads(1)), so such a test cannot pass single-threaded.
+    Skips where that count is 1 (one core: no threads to race).
     """
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cores < 2:
-        pytest.skip("one CPU core: torch runs one intra-op thread, so thread scheduling cannot change any result")
-    threads = torch.get_num_threads()
-    assert threads > 1, f"needs the default thread count (> 1) on {cores} cores, got {threads}: unset OMP_NUM_THREADS"
-    return threads
+    from odin_nerfstudio.ns.threads import affinity_cores, machine_threads
+
+    threads = machine_threads()
+    if threads < 2:
+        pytest.skip(f"the plugin runs one torch thread here ({affinity_cores()} cores): no threads to race")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    yield threads
+    torch.set_num_threads(saved)

@@ -33,7 +33,8 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_nerfstudio.comm.liveness import SILENCE_S, Heartbeat
 from odin_nerfstudio.ns.options import OptionError, check_options
 from odin_nerfstudio.ns.signals import exit_on_sigterm
-from odin_nerfstudio.ns.trainer import require_cuda_if_asked
+from odin_nerfstudio.ns.startup import quiet_empty_profile, reflow_help_texts, require_cuda_if_asked
+from odin_nerfstudio.ns.threads import apply_cpu_threads
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 JOIN_TIMEOUT = datetime.timedelta(minutes=5)
@@ -43,12 +44,16 @@ JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 def entrypoint() -> None:
     """Console script: parse ns-train's command line, then train in this process (one rank of torchrun)."""
     tyro.extras.set_accent_color("bright_yellow")
+    reflow_help_texts()
     config = tyro.cli(plugin_methods(), description=__doc__.splitlines()[0])
     try:
         check_options(config)
     except OptionError as error:
         CONSOLE.print(f"[bold red]odin-train: {error}")
         sys.exit(2)
+    require_cuda_if_asked(config.machine.device_type, config.method_name or "odin-splat")
+    apply_cpu_threads(getattr(config, "cpu_threads", 0))  # this rank's share (LOCAL_WORLD_SIZE under torchrun)
+    quiet_empty_profile()
     main(config)
 
 

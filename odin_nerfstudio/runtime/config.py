@@ -18,10 +18,10 @@ class OdinRuntimeConfig:
     """Hyperparameters of the runtime.
 
     Attributes:
-        mode: the admission policy (``admission.py``): "quality" (exact, waits on conflicting rows), "throughput"
-            (admits bounded stale reads) or "barrier" (global wait per step, the reference); the paper's controls
-            "ddp" (barrier, every row read, dense update and Adam, as DistributedDataParallel) and "hogwild" (reads
-            never wait, nothing validated).
+        mode: the admission policy (``admission.py``): "quality" (exact, waits on conflicting
+            rows), "throughput" (admits bounded stale reads) or "barrier" (global wait per step, the reference); the
+            paper's controls "ddp" (barrier, every row read, dense update and Adam, as DistributedDataParallel)
+            and "hogwild" (reads never wait, nothing validated).
         ring_slots: K, steps that may be staged at once (step s may read once step s - K is published).
         stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
         stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.
@@ -30,18 +30,18 @@ class OdinRuntimeConfig:
         near_plane: the rasterizer's near plane.
         wait_timeout_s: timeout of every blocking wait on the transport.
         record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).
-        priority_publication: ask, with each step's exchange, for the rows the next step's local tasks would read
-            (their candidate sets), and publish those first, as soon as they arrive (the design's priority
-            publication; quality and throughput only). The exchange then sends the rows before the gradients.
+        priority_publication: ask, with each step's exchange, for the rows the next step's local tasks would read (their
+            candidate sets), and publish those first, as soon as they arrive (the design's priority publication; quality
+            and throughput only). The exchange then sends the rows before the gradients.
         spatial_order: keep the model's rows in the Z-order of their centres (``row_order.py``): permuted when the
-            runtime is built and after every structural change, so that a view's rows are a few runs of
-            consecutive rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
-        tasks_in_flight: B_gpu, the tasks a process renders at once (``lanes.py``): each on a lane thread (a CUDA
-            stream on a GPU) gathering, rendering and back-propagating, while the driver's thread stages, validates
-            and publishes beside them, under the kernels' row locks. 1: one task at a time, on the driver's thread.
+            runtime is built and after every structural change, so that a view's rows are a few runs of consecutive
+            rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
+        tasks_in_flight: B_gpu, the tasks a process renders at once (``lanes.py``): each on a lane thread (a CUDA stream
+            on a GPU) gathering, rendering and back-propagating, while the driver's thread stages, validates and
+            publishes beside them, under the kernels' row locks. 1: one task at a time, on the driver's thread.
         keep_freed_memory: on the CPU, keep freed blocks in the process heap for the next task rather than give them
-            back to the kernel per task (``core/heap.py``: glibc's malloc thresholds, set once per process; the
-            CUDA caching allocator does this on a GPU).
+            back to the kernel per task (``core/heap.py``: glibc's malloc thresholds, set once per process; the CUDA
+            caching allocator does this on a GPU).
     """
 
     mode: Mode = "quality"

@@ -1,0 +1,178 @@
+"""What every command that runs odin-splat does first: the CUDA check, the CPU threads, nerfstudio's output trimmed.
+
+nerfstudio's commands reach the plugin through its entry points: ``ns-train`` (and ``ns-eval``, ``ns-export``,
+``ns-viewer``, ``ns-render``, which import nerfstudio's method catalogue) load ``method_configs/odin_splat.py``, which
+calls :func:`prepare_command` before nerfstudio has parsed its command line; ``odin-train``
+(``odin_nerfstudio/ns/launch.py``) calls the same steps itself once it has parsed its own. For a command that runs
+odin-splat (``ns-train odin-splat...``, or any ns-* command whose ``--load-config`` names one of Odin's configs):
+
+- ``ns-train`` asked for CUDA (nerfstudio's default device) on a machine without a CUDA device stops here in one
+  line, before nerfstudio prints the config or writes ``outputs/.../config.yml``;
+- torch's CPU threads are set by the plugin's rule (``odin_nerfstudio/ns/threads.py``);
+- nerfstudio's "Printing profiling stats" heading is left out when nothing was profiled (the runtime's iteration is
+  timed by its own timeline, not nerfstudio's profiler);
+- the commands that compute no metric (``ns-export``, ``ns-viewer``, ``ns-render``) skip LPIPS, and with it the
+  warning that its AlexNet weights are missing.
+
+Other methods' commands are left as nerfstudio runs them, but for :func:`reflow_help_texts` (every ns-* command's
+``--help`` reflows its options' descriptions instead of cutting them where the source wraps).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+COMMANDS_WITHOUT_METRICS = ("ns-export", "ns-viewer", "ns-render")
+"""ns-* commands that load a trained model without evaluating it: LPIPS would never be computed."""
+HELP_FLAGS = ("-h", "--help")
+
+_prepared: list[str] = []
+
+
+def require_cuda_if_asked(device_type: str, method: str = "odin-splat") -> None:
+    """Stop in one line, before any set-up, when CUDA is asked for (nerfstudio's default) but torch finds no device,
+    instead of a traceback from deep in the set-up; the message names the flag that trains on the CPU."""
+    import torch
+
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"{method}: no CUDA device found (torch.cuda.is_available() is False); "
+            "add --machine.device-type cpu to train on the CPU."
+        )
+
+
+def odin_methods() -> set[str]:
+    """The method names this plugin registers with nerfstudio (its ``nerfstudio.method_configs`` entry points)."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="nerfstudio.method_configs")
+    return {point.name for point in found if point.value.startswith("odin_nerfstudio.")}
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last ``--name value`` or ``--name=value`` among ``argv`` (tyro's spellings), else None."""
+    value = None
+    for index, arg in enumerate(argv):
+        for name in names:
+            if arg == name and index + 1 < len(argv):
+                value = argv[index + 1]
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1 :]
+    return value
+
+
+def runs_odin(command: str, args: Sequence[str]) -> bool:
+    """Whether an ns-* command line runs one of Odin's methods: ``ns-train <odin method>``, or a ``--load-config``
+    whose file names Odin's trainer config."""
+    if command == "ns-train" and args and args[0] in odin_methods():
+        return True
+    config = flag_value(args, "--load-config", "--load_config")
+    if config is None:
+        return False
+    try:
+        return "odin_nerfstudio." in Path(config).read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def check_device_on_command_line(args: Sequence[str]) -> None:
+    """``ns-train <odin method> ...`` asking for CUDA (by flag or by default) without a CUDA device: one line, exit.
+
+    Left to the trainer when the command asks for help or loads its config from a file."""
+    from nerfstudio.configs.base_config import MachineConfig
+
+    if any(arg in HELP_FLAGS for arg in args) or flag_value(args, "--load-config", "--load_config") is not None:
+        return
+    device = flag_value(args, "--machine.device-type", "--machine.device_type") or MachineConfig().device_type
+    require_cuda_if_asked(device, args[0])
+
+
+LIST_ITEM = re.compile(r"([-*\u2022]|\d+[.)])\s")
+"""A line that starts a list item, which keeps its line break in --help."""
+
+
+def reflowed(text: str) -> str:
+    """A field's docstring with the source's line wrapping undone: the lines of each paragraph joined by spaces,
+    blank lines and list items kept."""
+    paragraphs: list[str] = []
+    for line in text.split("\n"):
+        line = line.strip()
+        if not line:
+            paragraphs.append("")
+        elif not paragraphs or not paragraphs[-1] or LIST_ITEM.match(line):
+            paragraphs.append(line)
+        else:
+            paragraphs[-1] += " " + line
+    return "\n".join(paragraphs).strip()
+
+
+def reflow_help_texts() -> None:
+    """Make tyro's --help reflow a field's docstring instead of breaking its lines where the source wraps them.
+
+    tyro (1.0.17) joins the lines of a docstring only where a line starts with a letter, and looks before it
+    removes the indentation, so every continuation line of a field docstring (indented in the source) kept its
+    break: ``--help`` printed sentences cut at the source's column 120, the next part on a line of its own. The
+    docstrings are handed to tyro with each paragraph on one line (:func:`reflowed`); every command that builds a
+    help with tyro calls this first (the ns-* commands through :func:`prepare_command`, ``odin-train``,
+    ``odin-schedule``, ``odin-synth``)."""
+    try:
+        from tyro import _docstrings
+    except ImportError:
+        return
+    original = getattr(_docstrings, "parse_docstring_from_object", None)
+    if original is None or getattr(original, "odin_reflow", False):
+        return
+
+    def parse_docstring_from_object(obj: object) -> dict[str, str]:
+        return {name: reflowed(text) for name, text in original(obj).items()}
+
+    parse_docstring_from_object.odin_reflow = True  # type: ignore[attr-defined]
+    _docstrings.parse_docstring_from_object = parse_docstring_from_object
+
+
+def quiet_empty_profile() -> None:
+    """nerfstudio's profiler prints its heading ("Printing profiling stats...") at the end of ``ns-train`` even when
+    it timed nothing (odin-splat's iteration is not nerfstudio's): print it only when something was timed."""
+    from nerfstudio.utils import profiler
+
+    original = profiler.Profiler.print_profile
+    if getattr(original, "odin_quiet", False):
+        return
+
+    def print_profile(self) -> None:
+        if self.profiler_dict:
+            original(self)
+
+    print_profile.odin_quiet = True  # type: ignore[attr-defined]
+    profiler.Profiler.print_profile = print_profile
+
+
+def skip_lpips() -> None:
+    """Build odin-splat's model without LPIPS (a command that computes no metric), so no warning about its weights."""
+    from odin_nerfstudio.ns import model
+
+    model.make_lpips = lambda: None
+
+
+def prepare_command(argv: Sequence[str] | None = None) -> None:
+    """The steps above for an ns-* command running odin-splat (``argv``: ``sys.argv``); once per process, and
+    nothing for any other program (tests, scripts, other methods)."""
+    argv = list(sys.argv if argv is None else argv)
+    command = Path(argv[0]).name if argv else ""
+    if _prepared or not command.startswith("ns-"):
+        return
+    reflow_help_texts()
+    if not runs_odin(command, argv[1:]):
+        return
+    _prepared.append(command)
+    if command == "ns-train":
+        check_device_on_command_line(argv[1:])
+    from odin_nerfstudio.ns.threads import apply_cpu_threads
+
+    apply_cpu_threads()
+    quiet_empty_profile()
+    if command in COMMANDS_WITHOUT_METRICS:
+        skip_lpips()
