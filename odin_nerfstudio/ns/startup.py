@@ -20,10 +20,13 @@ Other methods' commands are left as nerfstudio runs them, but for :func:`reflow_
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from odin_nerfstudio.core.help_text import reflow_help_texts, reflowed
+
+__all__ = ["prepare_command", "quiet_empty_profile", "reflow_help_texts", "reflowed", "require_cuda_if_asked"]
 
 COMMANDS_WITHOUT_METRICS = ("ns-export", "ns-viewer", "ns-render")
 """ns-* commands that load a trained model without evaluating it: LPIPS would never be computed."""
@@ -88,49 +91,6 @@ def check_device_on_command_line(args: Sequence[str]) -> None:
         return
     device = flag_value(args, "--machine.device-type", "--machine.device_type") or MachineConfig().device_type
     require_cuda_if_asked(device, args[0])
-
-
-LIST_ITEM = re.compile(r"([-*\u2022]|\d+[.)])\s")
-"""A line that starts a list item, which keeps its line break in --help."""
-
-
-def reflowed(text: str) -> str:
-    """A field's docstring with the source's line wrapping undone: the lines of each paragraph joined by spaces,
-    blank lines and list items kept."""
-    paragraphs: list[str] = []
-    for line in text.split("\n"):
-        line = line.strip()
-        if not line:
-            paragraphs.append("")
-        elif not paragraphs or not paragraphs[-1] or LIST_ITEM.match(line):
-            paragraphs.append(line)
-        else:
-            paragraphs[-1] += " " + line
-    return "\n".join(paragraphs).strip()
-
-
-def reflow_help_texts() -> None:
-    """Make tyro's --help reflow a field's docstring instead of breaking its lines where the source wraps them.
-
-    tyro (1.0.17) joins the lines of a docstring only where a line starts with a letter, and looks before it
-    removes the indentation, so every continuation line of a field docstring (indented in the source) kept its
-    break: ``--help`` printed sentences cut at the source's column 120, the next part on a line of its own. The
-    docstrings are handed to tyro with each paragraph on one line (:func:`reflowed`); every command that builds a
-    help with tyro calls this first (the ns-* commands through :func:`prepare_command`, ``odin-train``,
-    ``odin-schedule``, ``odin-synth``)."""
-    try:
-        from tyro import _docstrings
-    except ImportError:
-        return
-    original = getattr(_docstrings, "parse_docstring_from_object", None)
-    if original is None or getattr(original, "odin_reflow", False):
-        return
-
-    def parse_docstring_from_object(obj: object) -> dict[str, str]:
-        return {name: reflowed(text) for name, text in original(obj).items()}
-
-    parse_docstring_from_object.odin_reflow = True  # type: ignore[attr-defined]
-    _docstrings.parse_docstring_from_object = parse_docstring_from_object
 
 
 def quiet_empty_profile() -> None:

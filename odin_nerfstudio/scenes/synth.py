@@ -607,12 +607,23 @@ def summary(scene: Path) -> str:
     )
 
 
+DESCRIPTION = (
+    "Write a synthetic scene in the COLMAP layout that ns-train and odin-schedule read (images/ and sparse/0/): "
+    "procedural 3D Gaussians rendered along a camera path, with SfM-like tracks from what each view sees. "
+    "Presets: object (cameras around an object, dense overlap) and street (a long street, sparse overlap)."
+)
+"""odin-synth's --help description (the config's docstring speaks to the code that uses it)."""
+
+
 def main() -> None:
     """Console entry point `odin-synth`: parse a SynthConfig from the command line, write the scene with a progress
     bar of the views rendered (as nerfstudio shows its own long steps), summarize."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    config = tyro.cli(SynthConfig)
+    from odin_nerfstudio.core.help_text import reflow_help_texts
+
+    reflow_help_texts()
+    config = tyro.cli(SynthConfig, prog="odin-synth", description=DESCRIPTION)
     columns = (
         TextColumn(f"Rendering {config.preset} views"),
         BarColumn(),

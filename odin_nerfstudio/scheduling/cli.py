@@ -59,6 +59,9 @@ class ScheduleCliConfig:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point `odin-schedule`: parse the options, print the statistics, write the PNG if asked."""
+    from odin_nerfstudio.core.help_text import reflow_help_texts
+
+    reflow_help_texts()  # --help: each option's text as one paragraph, not cut where the source wraps
     config = tyro.cli(ScheduleCliConfig, args=argv, prog="odin-schedule")
     try:
         lines = run(config)
