@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-# One intra-op thread: on the shared 2-core machine an iteration took about 0.25 s so, about 4 s on two threads.
+# One intra-op thread, so that the time per iteration compares between runs (without it the plugin chooses from the
+# cores and the load, odin_nerfstudio/ns/threads.py); ns-eval below runs at the same count.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 scene="${1:-data/synth-object}"
