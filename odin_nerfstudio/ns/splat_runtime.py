@@ -21,7 +21,6 @@ from torch import Tensor
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import CullRegion
 from odin_nerfstudio.ns.model import OdinSplatModel, get_viewmat
-from odin_nerfstudio.rendering.rasterize import drawn_rows
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter, apply_structural_change, structural_change_due
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntime
@@ -126,8 +125,12 @@ class SplatTaskRenderer:
     def visible(self, task: Task, rows: dict[str, Tensor]) -> Tensor:
         """Which of the given parameter rows ([M, ...] per name) the rasterizer would draw for `task`, bool [M].
 
-        Each row is decided on its own (a projection, no compositing), so it may be asked about any subset.
+        Each row is decided on its own (a projection, no compositing), so it may be asked about any subset. The
+        rasterizer is imported here, as the model imports it when it renders: a plugin whose optional import fails
+        must not break every ns-* command at registration (``tests/ns/test_training.py``).
         """
+        from odin_nerfstudio.rendering.rasterize import drawn_rows
+
         return drawn_rows(self.render_camera(task), rows)
 
 
