@@ -132,7 +132,7 @@ def prepare_command(argv: Sequence[str] | None = None) -> None:
         check_device_on_command_line(argv[1:])
     from odin_nerfstudio.ns.threads import apply_cpu_threads
 
-    apply_cpu_threads()
+    apply_cpu_threads(training=command == "ns-train")
     quiet_empty_profile()
     if command in COMMANDS_WITHOUT_METRICS:
         skip_lpips()

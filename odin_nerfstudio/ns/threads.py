@@ -8,7 +8,10 @@ times slower than on one (ns-eval: 0.53 against 11.1 views/s). The rule gives ea
 - the cores it may run on (``os.sched_getaffinity``: a container's or ``taskset``'s CPU set, not the machine's
   count), within the container's CPU quota (cgroup ``cpu.max``) when it sets one;
 - shared among the processes of its node (``LOCAL_WORLD_SIZE``, which torchrun sets; one otherwise);
-- fewer when the machine is already busy: no more than its share of the cores the 1-minute load average leaves idle;
+- for a command that does not train (ns-eval, ns-export, ns-render, ns-viewer), fewer when the machine is already
+  busy: no more than its share of the cores the 1-minute load average leaves idle. Training (ns-train, odin-train)
+  never looks at the load: its count depends only on the machine and the ranks, so two runs of one command on one
+  machine reduce in the same order and resume is exact (CPU float sums can change with the thread count);
 - at least one.
 
 ``ODIN_CPU_THREADS=N`` (or the trainer's flag, when given) sets the count instead; ``OMP_NUM_THREADS``, when set,
@@ -83,23 +86,24 @@ def _positive(name: str, value: str) -> int:
     return count
 
 
-def cpu_threads(requested: int = 0, environ: Mapping[str, str] = os.environ) -> int | None:
+def cpu_threads(requested: int = 0, environ: Mapping[str, str] = os.environ, training: bool = True) -> int | None:
     """The thread count for this process: ``requested`` when > 0, else ``ODIN_CPU_THREADS``, else None when
-    ``OMP_NUM_THREADS`` is set (the user's choice, applied by torch), else the rule with the current load."""
+    ``OMP_NUM_THREADS`` is set (the user's choice, applied by torch), else the rule (with the current load for a
+    command that does not train)."""
     if requested > 0:
         return requested
     if environ.get(ENV):
         return _positive(ENV, environ[ENV])
     if environ.get("OMP_NUM_THREADS"):
         return None
-    return rule(affinity_cores(), local_ranks(environ), busy_cores())
+    return rule(affinity_cores(), local_ranks(environ), 0.0 if training else busy_cores())
 
 
-def apply_cpu_threads(requested: int = 0, environ: Mapping[str, str] = os.environ) -> int:
+def apply_cpu_threads(requested: int = 0, environ: Mapping[str, str] = os.environ, training: bool = True) -> int:
     """Set torch's intra-op thread count by :func:`cpu_threads`; returns the count now in force."""
     import torch
 
-    count = cpu_threads(requested, environ)
+    count = cpu_threads(requested, environ, training)
     if count is not None and count != torch.get_num_threads():
         torch.set_num_threads(count)
     return torch.get_num_threads()

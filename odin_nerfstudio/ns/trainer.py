@@ -66,6 +66,8 @@ from odin_nerfstudio.ns.splat_runtime import (
     odin_camera,
     structural_change,
 )
+from odin_nerfstudio.ns.startup import require_cuda_if_asked
+from odin_nerfstudio.ns.threads import apply_cpu_threads
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 
 TIMELINE_FILENAME = "odin_timeline.json"
@@ -89,9 +91,9 @@ class OdinTrainerConfig(TrainerConfig):
 
     _target: Type = field(default_factory=lambda: OdinTrainer)
     runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
-    """Mode (quality, throughput, barrier), ring slots K, stale-read bounds, culling margin, wait timeout. Workers
-    and views per step come from the datamanager's schedule (`--pipeline.datamanager.num-workers`, `views-per-step`);
-    the seed from `--machine.seed`."""
+    """Mode (quality, throughput, barrier, ddp, hogwild), ring slots K, stale-read bounds, culling margin, wait
+    timeout. Workers and views per step come from the datamanager's schedule (`--pipeline.datamanager.num-workers`,
+    `views-per-step`); the seed from `--machine.seed`."""
     check_escapes: bool = True
     """Validate every task against the Gaussians the rasterizer would draw outside its candidate set."""
     export_timeline: bool = True
@@ -127,16 +129,15 @@ class OdinTrainerConfig(TrainerConfig):
     """Distributed: how a step's gradient rows travel (`comm/exchange_choice.py`): auto (per step, the fewest
     predicted bytes), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
     them) or dense (all_reduce of every row)."""
+    cpu_threads: int = 0
+    """Intra-op torch threads of each process on the CPU; 0: the plugin's rule (`ns/threads.py`: the cores this
+    process may run on, shared among the ranks of its node). ODIN_CPU_THREADS sets it too; OMP_NUM_THREADS, when
+    set, is left as torch applies it."""
 
-
-def require_cuda_if_asked(device_type: str) -> None:
-    """Stop in one line, before any set-up, when CUDA is asked for (nerfstudio's default) but torch finds no device,
-    instead of a traceback from deep in the set-up; the message names the flag that trains on the CPU."""
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(
-            "odin-splat: no CUDA device found (torch.cuda.is_available() is False); "
-            "add --machine.device-type cpu to train on the CPU."
-        )
+    def print_to_terminal(self) -> None:
+        """nerfstudio's config print, once the device it asks for exists (a `--load-config` run too)."""
+        require_cuda_if_asked(self.machine.device_type, self.method_name or "odin-splat")
+        super().print_to_terminal()
 
 
 class OdinTrainer(Trainer):
@@ -146,7 +147,8 @@ class OdinTrainer(Trainer):
 
     def __init__(self, config: OdinTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
         """nerfstudio's trainer, once the device it is asked to train on exists."""
-        require_cuda_if_asked(config.machine.device_type)
+        require_cuda_if_asked(config.machine.device_type, config.method_name or "odin-splat")
+        apply_cpu_threads(config.cpu_threads)
         super().__init__(config, local_rank, world_size)
         self.distributed_transports: list = []
         """The torch.distributed transports this trainer made (`_transports`): it guards and closes them."""

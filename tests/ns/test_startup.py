@@ -141,6 +141,15 @@ def test_a_flag_or_the_environment_sets_the_count_instead(monkeypatch: pytest.Mo
         threads.cpu_threads(0, {threads.ENV: "0"})
 
 
+def test_training_ignores_the_load_so_its_count_does_not_change_from_run_to_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(threads, "affinity_cores", lambda: 8)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 7.0)
+    assert threads.cpu_threads(0, {}, training=True) == 8
+    assert threads.cpu_threads(0, {}, training=False) == 1, "an evaluation on a busy machine takes the idle core"
+
+
 def test_the_cores_are_those_this_process_may_run_on() -> None:
     cores = threads.affinity_cores()
     assert 1 <= cores <= len(os.sched_getaffinity(0))
