@@ -70,7 +70,7 @@ def test_the_command_runs_as_a_module_and_draws_nothing_without_output(tmp_path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RLG: 11 views, 55 edges" in result.stdout  # in view of one another: every pair
-    assert "W=3 workers x B=1 views = 3 views per step, 4 steps per epoch (the last one short: 2 views)" in (
+    assert "W=3 workers x B=1 view = 3 views per step, 4 steps per epoch (the last one short: 2 views)" in (
         result.stdout
     )
     assert "wrote" not in result.stdout and not list(tmp_path.iterdir())
