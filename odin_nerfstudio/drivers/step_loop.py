@@ -201,7 +201,7 @@ def run_step(
         for me in workers:
             while me.remaining and runtime.lane_free and start_next(runtime, me):
                 progressed = True
-            if runtime.config.tasks_in_flight == 1:  # its read rendered in its turn: staged before the next worker reads
+            if runtime.config.tasks_in_flight == 1:  # it rendered in its turn: staged before the next worker reads
                 runtime.collect()
         # Several lanes: the round's reads start together (the last on this thread), then what finished is staged.
         progressed = runtime.collect() or progressed

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -31,6 +31,49 @@ LaneWork = Callable[[Read, bool], dict[str, Any]]
 thread, which may then publish between render and backward)."""
 
 
+class LaneFuture(Protocol):
+    """A lane's work in flight, as ``concurrent.futures.Future`` offers it."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
+class LaneExecutor(Protocol):
+    """Where the lane threads' work runs: threads (:class:`ThreadExecutor`), or a simulation's virtual lanes."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> LaneFuture: ...
+
+    def wait_any(self, running: Sequence[LaneFuture], timeout: float) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+class ThreadExecutor:
+    """``count`` lane threads, each running torch at the driver's intra-op thread count (made on first use)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._pool: futures.ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> futures.Future:
+        if self._pool is None:
+            threads = torch.get_num_threads()
+            self._pool = futures.ThreadPoolExecutor(
+                self.count, "odin-lane", initializer=torch.set_num_threads, initargs=(threads,)
+            )
+        return self._pool.submit(fn, *args)
+
+    def wait_any(self, running: Sequence[futures.Future], timeout: float) -> bool:
+        """Block until one of ``running`` is done (at most ``timeout`` s); whether one is."""
+        return bool(futures.wait(running, timeout, futures.FIRST_COMPLETED).done)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 class Lanes:
     """The tasks in flight of one process: started in rounds, handed back (with their render's info) as they finish.
 
@@ -39,16 +82,24 @@ class Lanes:
         count: the lanes, ``tasks_in_flight``: the driver's thread and ``count - 1`` threads.
         device: the model's device (on CUDA each lane has its own stream).
         timeout_s: the longest the driver waits for a lane (then TimeoutError naming the tasks in flight).
+        executor: where the lane threads' work runs (default: ``count - 1`` threads).
     """
 
-    def __init__(self, work: LaneWork, count: int, device: torch.device, timeout_s: float) -> None:
+    def __init__(
+        self,
+        work: LaneWork,
+        count: int,
+        device: torch.device,
+        timeout_s: float,
+        executor: LaneExecutor | None = None,
+    ) -> None:
         if count < 1:
             raise ValueError(f"tasks_in_flight must be >= 1, got {count}")
         self.work = work
         self.count = count
         self.device = device
         self.timeout_s = timeout_s
-        self._pool: futures.ThreadPoolExecutor | None = None
+        self.executor = executor if executor is not None else ThreadExecutor(count - 1)
         self._queued: list[Read] = []
         self._running: list[tuple[Read, futures.Future]] = []
         self._done: list[tuple[Read, dict[str, Any]]] = []
@@ -77,17 +128,12 @@ class Lanes:
         if not self._queued:
             return
         queued, self._queued = self._queued, []
-        if len(queued) > 1 and self._pool is None:
-            threads = torch.get_num_threads()
-            self._pool = futures.ThreadPoolExecutor(
-                self.count - 1, "odin-lane", initializer=torch.set_num_threads, initargs=(threads,)
-            )
         for read in queued[:-1]:
             driver = ready = None
             if self.device.type == "cuda":
                 driver, ready = torch.cuda.current_stream(self.device), torch.cuda.Event()
                 ready.record(driver)  # what the driver queued before: its publications
-            self._running.append((read, self._pool.submit(self._run, read, driver, ready)))
+            self._running.append((read, self.executor.submit(self._run, read, driver, ready)))
         self._done.append((queued[-1], self.work(queued[-1], True)))
 
     def finished(self, block: bool = False) -> list[tuple[Read, dict[str, Any]]]:
@@ -96,8 +142,7 @@ class Lanes:
         is. A lane's exception is raised here."""
         self.dispatch()
         if block and self._running and not self._done and not any(f.done() for _, f in self._running):
-            waited = futures.wait([f for _, f in self._running], self.timeout_s, futures.FIRST_COMPLETED)
-            if not waited.done:
+            if not self.executor.wait_any([f for _, f in self._running], self.timeout_s):
                 keys = [read.task.key for read, _ in self._running]
                 raise TimeoutError(f"tasks {keys} still rendering after {self.timeout_s} s (wait_timeout_s)")
         out, self._done = self._done, []
@@ -140,6 +185,4 @@ class Lanes:
 
     def close(self) -> None:
         """Stop the lanes' threads (after the last read is handed back)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self.executor.shutdown()

@@ -41,7 +41,7 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex, RemoteTasks
 from odin_nerfstudio.runtime.commit import Commits
 from odin_nerfstudio.runtime.data_plane import DataPlane
 from odin_nerfstudio.runtime.exchange import ExchangeBook
-from odin_nerfstudio.runtime.lanes import Lanes
+from odin_nerfstudio.runtime.lanes import LaneExecutor, Lanes
 from odin_nerfstudio.runtime.metering import Meter, bookkeeping
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.reading import ReadGate
@@ -72,6 +72,7 @@ class OdinRuntime:
             holds a workload's sets).
         clock: the timeline's clock in ns (default: the wall clock; the simulator's is virtual).
         record_decisions: keep the decision trace (``meter.decisions``).
+        lane_executor: where lane threads' work runs (default: threads; the simulator's lanes are virtual).
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class OdinRuntime:
         index: CullingIndex | None = None,
         clock: Callable[[], int] | None = None,
         record_decisions: bool = False,
+        lane_executor: LaneExecutor | None = None,
     ) -> None:
         self.topology = topology if topology is not None else Topology(num_workers=len(transports))
         if len(transports) != self.topology.num_workers:
@@ -122,7 +124,7 @@ class OdinRuntime:
         self.publisher, stats, timeout = publisher, strategy_state is not None, config.wait_timeout_s
         self.data = DataPlane(params, self.shadow, self.log, self.remote, publisher, self.meter, self.adapter, seed,
                               stats, timeout)
-        self.lanes = Lanes(self._lane_work, config.tasks_in_flight, self.device, config.wait_timeout_s)
+        self.lanes = Lanes(self._lane_work, config.tasks_in_flight, self.device, timeout, lane_executor)
         self.gate = ReadGate(self.policy, config.ring_slots, publisher, self.remote, self.shadow, self.index,
                              self.meter, params)
         self.commits = Commits(
@@ -209,8 +211,7 @@ class OdinRuntime:
         self.counters.most_in_flight = max(self.counters.most_in_flight, self.lanes.in_flight)
 
     def collect(self, block: bool = False) -> bool:
-        """Run :meth:`after_backward` for every read whose lane finished (``block``: wait for one first, bounded by
-        ``wait_timeout_s``); returns whether any did."""
+        """:meth:`after_backward` for every read whose lane finished (``block``: wait for one); whether any did."""
         finished = self.lanes.finished(block)
         for read, info in finished:
             self.after_backward(read, info)

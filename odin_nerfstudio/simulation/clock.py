@@ -9,9 +9,10 @@ order events were scheduled, so a simulation is deterministic.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 When = Callable[[], float | None]
 """A condition a process waits for: the virtual time it holds from (seconds), or None while it does not."""
@@ -43,14 +44,30 @@ class VirtualClock:
         self._actors: list[_Actor] = []
 
     def now_ns(self) -> int:
-        """Virtual time in nanoseconds (a timeline's clock)."""
-        return round(self.now_s * 1e9)
+        """Virtual time in nanoseconds (a timeline's clock); inside :meth:`beside`, the lane's own time."""
+        beside = getattr(self._local, "beside", None)
+        return round((self.now_s if beside is None else beside[1] + beside[0]) * 1e9)
 
     def spend(self, seconds: float) -> None:
-        """The calling process is busy for ``seconds`` of virtual time."""
+        """The calling process is busy for ``seconds`` of virtual time (inside :meth:`beside`: its lane is)."""
+        beside = getattr(self._local, "beside", None)
+        if beside is not None:
+            beside[0] += max(seconds, 0.0)
+            return
         actor = self._local.actor
         self._push(self.now_s + max(seconds, 0.0), actor)
         self._hand_back(actor)
+
+    @contextlib.contextmanager
+    def beside(self) -> Iterator[list[float]]:
+        """Run work beside the calling process (a lane): its :meth:`spend` calls add up in the yielded ``[s, start]``
+        instead of taking the process's time, and its clock reads ``start + s``; the caller decides when that work
+        ends (``start + s``)."""
+        self._local.beside = spent = [0.0, self.now_s]
+        try:
+            yield spent
+        finally:
+            self._local.beside = None
 
     def wait(self, when: When, what: str) -> None:
         """Block the calling process until ``when()`` gives a time, then resume at that time (or now, if later);

@@ -9,7 +9,10 @@ every rule the runtime has is in a prediction). What it replaces is what the run
 - :class:`ModeledRender`, the render function: spends the task's modeled render + backward time and returns a loss
   whose gradient is non-zero exactly on the view's write set (its A(t));
 - :class:`ModeledTransport`, the exchange: the real in-process merge (``comm/inprocess.VirtualTransport``), with
-  each step delivered when the interconnect model says (the first part of a step by its own bytes).
+  each step delivered when the interconnect model says (the first part of a step by its own bytes);
+- :class:`VirtualLanes`, the lane threads (``tasks_in_flight`` > 1): a lane's gather, render and backward run at
+  once, its modeled time beside the process's own (two streams of one GPU taken as fully parallel: optimistic),
+  and it is handed back once that time has passed.
 
 The tensors are real but small: a replica per simulated process holds ``means`` and ``scales`` [N, 3] with their
 Adam moments, which is what the runtime's gathers, staging, merge and selective Adam act on.
@@ -208,3 +211,36 @@ class ModeledTransport:
             counts = [int(isin_sorted(r, first).sum()) for r in rows]
             first_sizes = [count * self.row_bytes for count in counts]
             self.first_delivery[step] = self.interconnect.delivery_s(times, first_sizes, int(np.sum(counts)))
+
+
+class _LaneWork:
+    """A lane's finished work, handed back once the virtual clock reaches ``finish``."""
+
+    def __init__(self, clock: VirtualClock, value: Any, finish: float) -> None:
+        self.clock, self.value, self.finish = clock, value, finish
+
+    def done(self) -> bool:
+        return self.clock.now_s >= self.finish
+
+    def result(self) -> Any:
+        return self.value
+
+
+class VirtualLanes:
+    """The runtime's lane executor in virtual time (``runtime/lanes.LaneExecutor``; see the module)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> _LaneWork:
+        start = self.clock.now_s
+        with self.clock.beside() as spent:
+            value = fn(*args)
+        return _LaneWork(self.clock, value, start + spent[0])
+
+    def wait_any(self, running: Sequence[_LaneWork], timeout: float) -> bool:
+        self.clock.wait(lambda: min(work.finish for work in running), "a lane's render")
+        return True
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""

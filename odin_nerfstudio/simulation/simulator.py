@@ -16,8 +16,8 @@ step and view), or, replaying a run, the time that task measured; without it eve
 equally fast and the barrier's idle, which comes from local imbalance, would vanish.
 
 What it leaves out: escapes (which views escape; their re-runs are spread over every task as a share of its
-time), structural changes, evaluation and checkpoints, contention between processes for one machine's cores, a
-GPU's overlap of compute and communication, and lanes (one task renders at a time per process).
+time), structural changes, evaluation and checkpoints, contention between processes (or lanes) for one machine's
+cores or one GPU, and a GPU's overlap of compute and communication.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.costs import CostModel
 from odin_nerfstudio.simulation.interconnect import Interconnect
-from odin_nerfstudio.simulation.modeled import ModeledRender, ModeledTransport, SetIndex, ViewCamera
+from odin_nerfstudio.simulation.modeled import ModeledRender, ModeledTransport, SetIndex, ViewCamera, VirtualLanes
 from odin_nerfstudio.simulation.workload import ROW_BYTES, Workload
 
 LEARNING_RATE = 1e-3
@@ -52,8 +52,8 @@ class SimulationConfig:
     """One simulated run.
 
     Attributes:
-        runtime: the runtime's configuration (mode, K = ring_slots, stale-read bounds, priority publication, ...);
-            ``tasks_in_flight`` must be 1 (lanes are not modeled).
+        runtime: the runtime's configuration (mode, K = ring_slots, stale-read bounds, priority publication,
+            ``tasks_in_flight`` lanes, ...).
         num_workers: W.
         views_per_worker: B.
         steps: schedule steps to run.
@@ -84,8 +84,6 @@ class SimulationConfig:
             raise ValueError(f"workers_per_process ({self.workers_per_process}) must divide W ({self.num_workers})")
         if self.remote_writes not in ("drawn", "candidates"):
             raise ValueError(f"remote_writes must be 'drawn' or 'candidates', got {self.remote_writes!r}")
-        if self.runtime.tasks_in_flight != 1:
-            raise ValueError("the simulator models one task in flight per process (runtime.tasks_in_flight = 1)")
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K and seed."""
@@ -169,9 +167,10 @@ class Simulation:
         return (max(seconds, 0.0) + costs.bookkeeping_s) * (1.0 + self._rerun_share)
 
     def _step_tasks(self, step: int) -> tuple[list[list[Task]], int]:
-        plan = self._plans[step]
+        """Every worker's tasks of ``step`` (their cameras: the views' image sizes) and its window's length."""
+        plan, cameras = self._plans[step], self._cameras
         tasks = [
-            [Task(step, worker, index, view, self._cameras[view]) for index, view in enumerate(views)]  # type: ignore[arg-type]
+            [Task(step, worker, index, view, cameras[view]) for index, view in enumerate(views)]  # type: ignore
             for worker, views in enumerate(plan.tasks)
         ]
         return tasks, len(plan.overlap_window)
@@ -188,6 +187,7 @@ class Simulation:
             self.config.runtime, params, optimizers, transports, render,
             topology=Topology(len(workers), self.config.views_per_worker), seed=self.config.seed, index=index,
             clock=self.clock.now_ns, record_decisions=self.config.record_decisions,
+            lane_executor=VirtualLanes(self.clock),
         )
         if self.config.remote_writes == "drawn":  # what RemoteTasks predicts in a run with the escape check
             runtime.remote.predict = lambda task: self.workload.writes[task.view]

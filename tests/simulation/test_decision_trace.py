@@ -1,10 +1,11 @@
 """One protocol: the runtime on real tensors and the simulator on a workload take the same decisions.
 
-The same schedule runs through the training loop twice, on two ranks sharing a virtual clock, a modeled link and
-the same task costs (so the interleaving is fixed): on the toy scene's real runtimes (real culling, renders and
-Adam) and through the simulator (the workload of that scene's candidate sets). Per mode, with priority publication, early commits,
-running ahead and dynamic ordering on, the two decision traces (read, wait and on which step, re-run, commit,
-publish first part, publish) must be equal; a rule changed on one side only changes one trace.
+The same schedule runs through the training loop twice, on two ranks sharing a virtual clock, a modeled link,
+virtual lanes and the same task costs (so the interleaving is fixed): on the toy scene's real runtimes (real
+culling, renders and Adam) and through the simulator (the workload of that scene's candidate sets). Per mode, with
+priority publication, early commits, running ahead, dynamic ordering and (in two cases) two lanes on, the two
+decision traces (read, wait and on which step, re-run, commit, publish first part, publish) must be equal; a rule
+changed on one side only changes one trace.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from odin_nerfstudio.scenes import toy
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.simulation.costs import CostModel, LinearFit
 from odin_nerfstudio.simulation.interconnect import Interconnect
-from odin_nerfstudio.simulation.modeled import ModeledTransport
+from odin_nerfstudio.simulation.modeled import ModeledTransport, VirtualLanes
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.workload import ROW_BYTES
 from odin_nerfstudio.simulation.simulator import Simulation, SimulationConfig
@@ -55,7 +56,9 @@ def scene_workload() -> tuple[Workload, dict]:
     return workload, cameras
 
 
-def runtime_traces(mode: str, workload: Workload, cameras: dict, simulation: Simulation) -> list[list[Decision]]:
+def runtime_traces(
+    mode: str, workload: Workload, cameras: dict, simulation: Simulation, lanes: int = 1
+) -> list[list[Decision]]:
     """The decisions of real runtimes (toy renders, culling and Adam; rates tiny, so C(t) stays the initial one),
     one per process as the simulation has them, on the simulation's schedule, clock costs and link."""
     clock = VirtualClock()
@@ -75,9 +78,9 @@ def runtime_traces(mode: str, workload: Workload, cameras: dict, simulation: Sim
     for worker in range(WORKERS):
         params = toy.make_params(num_gaussians=200)
         runtime = OdinRuntime(
-            config(mode), params, selective_adams(params, {n: lr * 1e-7 for n, lr in toy.LRS.items()}),
+            config(mode, lanes), params, selective_adams(params, {n: lr * 1e-7 for n, lr in toy.LRS.items()}),
             [transport.endpoint(worker)], render, topology=Topology(1, PER_WORKER), clock=clock.now_ns,
-            record_decisions=True,
+            record_decisions=True, lane_executor=VirtualLanes(clock),
         )
         runtimes.append(runtime)
         loops.append(TrainingLoop(runtime, step_tasks, [worker], STEPS - 1, LoopConfig()))
@@ -88,6 +91,7 @@ def runtime_traces(mode: str, workload: Workload, cameras: dict, simulation: Sim
         loop.finish()
 
     clock.run([(f"rank {w}", lambda loop=loop: work(loop)) for w, loop in enumerate(loops)])
+    assert max(runtime.counters.most_in_flight for runtime in runtimes) == lanes  # the lanes ran side by side
     every_row = torch.arange(workload.num_rows)
     for rank, runtime in enumerate(runtimes):
         for key, read in runtime.final_reads.items():  # the workload is exactly what the runtime read (ddp: all)
@@ -96,24 +100,25 @@ def runtime_traces(mode: str, workload: Workload, cameras: dict, simulation: Sim
     return [runtime.meter.decisions for runtime in runtimes]
 
 
-def config(mode: str) -> OdinRuntimeConfig:
-    """The mode, recording reads; the stale-read rule's gradient test (real gradients only) always passing."""
-    return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, record_reads=True)
+def config(mode: str, lanes: int = 1) -> OdinRuntimeConfig:
+    """The mode with ``lanes`` tasks in flight, recording reads; the stale-read rule's gradient test (real
+    gradients only) always passing."""
+    return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, record_reads=True, tasks_in_flight=lanes)
 
 
-def simulated(mode: str, workload: Workload) -> Simulation:
+def simulated(mode: str, workload: Workload, lanes: int = 1) -> Simulation:
     run = SimulationConfig(
-        config(mode), WORKERS, PER_WORKER, STEPS, remote_writes="candidates", record_decisions=True
+        config(mode, lanes), WORKERS, PER_WORKER, STEPS, remote_writes="candidates", record_decisions=True
     )
     return Simulation(workload, COSTS, LINK, run)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_the_runtime_and_the_simulator_take_the_same_decisions(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "lanes"), [(mode, 1) for mode in MODES] + [("quality", 2), ("throughput", 2)])
+def test_the_runtime_and_the_simulator_take_the_same_decisions(mode: str, lanes: int) -> None:
     workload, cameras = scene_workload()
-    simulation = simulated(mode, workload)
+    simulation = simulated(mode, workload, lanes)
     predicted = [list(trace) for trace in simulation.run().decisions]
-    actual = runtime_traces(mode, workload, cameras, simulation)
+    actual = runtime_traces(mode, workload, cameras, simulation, lanes)
     kinds = {decision.kind for trace in actual for decision in trace}
     assert {"read", "commit", "publish"} <= kinds
     if mode in ("quality", "throughput"):  # reads ran ahead of unpublished steps, and some waited
