@@ -7,7 +7,7 @@ every rule the runtime has is in a prediction). What it replaces is what the run
   publication's modeled cost is spent when the index is told of the rows a publication wrote (once per
   publication, first parts included);
 - :class:`ModeledRender`, the render function: spends the task's modeled render + backward time and returns a loss
-  whose gradient is non-zero exactly on the view's write set (its A(t));
+  whose gradient is non-zero exactly on the view's write set (its A(t)), uneven across its rows;
 - :class:`ModeledTransport`, the exchange: the real in-process merge (``comm/inprocess.VirtualTransport``), with
   each step delivered when the interconnect model says (the first part of a step by its own bytes);
 - :class:`VirtualLanes`, the lane threads (``tasks_in_flight`` > 1): a lane's gather, render and backward run at
@@ -104,23 +104,34 @@ class SetIndex:
 class ModeledRender:
     """The simulator's render function (see the module).
 
+    A task's loss is a weighted sum of its write rows, the weights drawn per view (seeded, exponential, mean 1), so
+    its gradient is non-zero exactly on A(t) and uneven across rows, as a real one is: throughput-first's
+    gradient-size rule (a stale read's rows must carry a small share of the producer's gradient) then has something
+    to decide on.
+
     Args:
         workload: the views' sets.
         clock: the virtual clock.
         task_s: a task's modeled render + backward (+ bookkeeping) seconds.
+        seed: the weights' seed.
     """
 
-    def __init__(self, workload: Workload, clock: VirtualClock, task_s: Callable[[Task], float]) -> None:
-        self.workload, self.clock, self.task_s = workload, clock, task_s
-        self._positions: dict[int, Tensor] = {}
+    def __init__(
+        self, workload: Workload, clock: VirtualClock, task_s: Callable[[Task], float], seed: int = 0
+    ) -> None:
+        self.workload, self.clock, self.task_s, self.seed = workload, clock, task_s, seed
+        self._terms: dict[int, tuple[Tensor, Tensor]] = {}
 
     def __call__(self, task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, None]:
         self.clock.spend(self.task_s(task))
         view = task.view
-        if view not in self._positions:
-            candidate = self.workload.candidates[view]
-            self._positions[view] = torch.searchsorted(candidate, self.workload.writes[view])
-        return leaves["means"].index_select(0, self._positions[view]).sum(), None
+        if view not in self._terms:
+            candidate, writes = self.workload.candidates[view], self.workload.writes[view]
+            weights = torch.empty(writes.numel(), 1).exponential_(generator=torch.Generator().manual_seed(
+                self.seed * 1_000_003 + view))
+            self._terms[view] = torch.searchsorted(candidate, writes), weights
+        positions, weights = self._terms[view]
+        return (leaves["means"].index_select(0, positions) * weights).sum(), None
 
 
 class _ModeledHandle:

@@ -181,7 +181,7 @@ class Simulation:
         params = {name: torch.nn.Parameter(torch.zeros(rows, 3)) for name in ("means", "scales")}
         optimizers = selective_adams(params, {name: LEARNING_RATE for name in params})
         index = SetIndex(self.workload, params, self.clock, self.costs.publish_s)
-        render = ModeledRender(self.workload, self.clock, self.task_s)
+        render = ModeledRender(self.workload, self.clock, self.task_s, self.config.seed)
         transports = [self.transport.endpoint(w) for w in workers]
         runtime = OdinRuntime(
             self.config.runtime, params, optimizers, transports, render,
