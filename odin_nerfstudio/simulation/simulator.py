@@ -149,6 +149,8 @@ class Simulation:
         self._residuals = np.asarray(costs.residuals, dtype=np.float64)
         reruns = POLICIES[config.runtime.mode].of(config.runtime).reruns(["escape"])
         self._rerun_share = costs.rerun_share if reruns else 0.0
+        template = {name: torch.zeros(workload.num_rows, 3) for name in ("means", "scales")}
+        self.transport = ModeledTransport(config.num_workers, template, self.clock, interconnect, config.row_bytes)
 
     def tasks(self, step: int, worker: int) -> tuple[int, ...]:
         """The views ``worker`` renders in ``step``."""
@@ -197,8 +199,6 @@ class Simulation:
     def run(self) -> SimulationResult:
         """Simulate every process to the end of its last step and its last publication."""
         config = self.config
-        template = {name: torch.zeros(self.workload.num_rows, 3) for name in ("means", "scales")}
-        self.transport = ModeledTransport(config.num_workers, template, self.clock, self.interconnect, config.row_bytes)
         per = config.workers_per_process
         groups = [list(range(p * per, (p + 1) * per)) for p in range(config.num_workers // per)]
         processes = [self._process(workers) for workers in groups]
