@@ -8,6 +8,7 @@ sent (``comm/protocol.py``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 from torch import Tensor
 
@@ -125,3 +126,67 @@ class VirtualTransport:
             if exchange.merged is not None:
                 del self._exchanges[step]
             return VirtualHandle(exchange, self._condition)
+
+
+class VirtualRowExchange:
+    """The sharded mode's row all-to-all between W ranks that are threads of one process (tests, predictions):
+    the k-th exchange a rank starts meets the k-th of every other rank, as the collectives of
+    ``comm/all_to_all.py`` pair up. Rows are handed over, not copied (readers never write them).
+
+    Args:
+        num_ranks: W.
+    """
+
+    def __init__(self, num_ranks: int) -> None:
+        self.num_ranks = num_ranks
+        self._condition = threading.Condition()
+        self._sent: dict[int, dict[int, Sequence[dict[str, Tensor]]]] = {}
+        self._taken: dict[int, int] = {}
+        self._started = [0] * num_ranks
+
+    def endpoint(self, rank: int) -> VirtualRowEndpoint:
+        """The exchange as rank ``rank`` sees it."""
+        return VirtualRowEndpoint(self, rank)
+
+    def start(self, rank: int, pieces: Sequence[dict[str, Tensor]], what: str) -> VirtualRowHandle:
+        """Rank ``rank``'s next exchange: ``pieces[r]`` goes to rank r."""
+        if len(pieces) != self.num_ranks:
+            raise ValueError(f"{what}: {len(pieces)} pieces for {self.num_ranks} ranks")
+        with self._condition:
+            number = self._started[rank]
+            self._started[rank] += 1
+            self._sent.setdefault(number, {})[rank] = pieces
+            self._condition.notify_all()
+        return VirtualRowHandle(self, rank, number, what)
+
+    def received(self, rank: int, number: int, what: str, timeout: float) -> list[dict[str, Tensor]]:
+        """What every rank sent ``rank`` in exchange ``number``, in rank order, once all have sent."""
+        with self._condition:
+            sent = self._sent[number]
+            if not self._condition.wait_for(lambda: len(sent) == self.num_ranks, timeout=timeout):
+                missing = sorted(set(range(self.num_ranks)) - set(sent))
+                raise TimeoutError(f"{what}: ranks {missing} sent nothing within {timeout} s")
+            self._taken[number] = self._taken.get(number, 0) + 1
+            if self._taken[number] == self.num_ranks:  # every rank has its pieces: forget the exchange
+                del self._sent[number], self._taken[number]
+            return [sent[source][rank] for source in range(self.num_ranks)]
+
+
+class VirtualRowEndpoint:
+    """One rank's end of a :class:`VirtualRowExchange` (``runtime/sharding.py``'s ``RowExchange``)."""
+
+    def __init__(self, exchange: VirtualRowExchange, rank: int) -> None:
+        self._exchange, self.rank = exchange, rank
+
+    def start(self, pieces: Sequence[dict[str, Tensor]], what: str) -> VirtualRowHandle:
+        return self._exchange.start(self.rank, pieces, what)
+
+
+class VirtualRowHandle:
+    """A row exchange of a :class:`VirtualRowExchange` in flight."""
+
+    def __init__(self, exchange: VirtualRowExchange, rank: int, number: int, what: str) -> None:
+        self._exchange, self._rank, self._number, self._what = exchange, rank, number, what
+
+    def wait(self, timeout: float) -> list[dict[str, Tensor]]:
+        return self._exchange.received(self._rank, self._number, self._what, timeout)

@@ -139,9 +139,9 @@ class SelectiveAdam(torch.optim.Optimizer):
         for hook in list(self._optimizer_step_post_hooks.values()):
             hook(self, (), {})
 
-    def movement_bound(self) -> float:
-        """The most a publication at the current global step count moves any element of the parameter, for any
-        gradients: lr x sqrt(1 - beta2^t) / (1 - beta1^t) x (1 - beta1) / sqrt(1 - beta2) / (1 - beta1 / sqrt(beta2)),
+    def movement_bound(self, steps_ahead: int = 0) -> float:
+        """The most a publication at the current global step count (plus ``steps_ahead``: 1 for the next
+        publication) moves any element of the parameter, for any gradients: lr x sqrt(1 - beta2^t) / (1 - beta1^t) x (1 - beta1) / sqrt(1 - beta2) / (1 - beta1 / sqrt(beta2)),
         with 1% for rounding (inf if beta1 >= sqrt(beta2), or no step counted yet).
 
         Why it holds: a row's v_j >= (1 - beta2) beta2^k g_{j-k}^2 for each of its past gradients, so each is at most
@@ -151,7 +151,7 @@ class SelectiveAdam(torch.optim.Optimizer):
         (group,) = self.param_groups
         (param,) = group["params"]
         beta1, beta2 = group["betas"]
-        step = float(self._state_of(param)["step"])
+        step = float(self._state_of(param)["step"]) + steps_ahead
         ratio = beta1 / math.sqrt(beta2)
         if ratio >= 1.0 or step < 1.0:
             return math.inf

@@ -1,0 +1,109 @@
+"""The sharded mode's training loop: one schedule step per iteration, the same exchanges in the same order on every
+rank (``runtime/sharding.py`` says what each side does).
+
+Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality), else the whole fetch;
+(2) in quality-first, step s + 1's clean part and each of its tasks' "unsure" flag, fetched before step s is
+published; (3) its tasks of step s rendered; (4) the return of step s started; (5) while it travels, the tasks of
+step s + 1 that no owner is unsure of (running ahead of the publication, exact); (6) the owners' publication of step
+s. Barrier fetches step s + 1 only after (6): Grendel's synchronization, the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, Rows, ShardCounters
+
+SHARDED_MODES = ("barrier", "quality")
+"""The modes the sharded loop runs."""
+
+
+@dataclass
+class ShardedLoop:
+    """Runs schedule steps on one rank of a sharded run.
+
+    Attributes:
+        owner: this rank's shard.
+        reader: this rank's side of its own tasks.
+        exchange: the row all-to-all between the ranks.
+        rank: this rank (its tasks are ``step_tasks(step)[rank]``).
+        step_tasks: step -> every rank's tasks of the step, in task order (the global schedule).
+        mode: "barrier" or "quality".
+        last_step: the run's last step (nothing is fetched ahead of it).
+        timeout_s: the longest any exchange is waited for.
+    """
+
+    owner: Owner
+    reader: Reader
+    exchange: RowExchange
+    rank: int
+    step_tasks: Callable[[int], Sequence[Sequence[Task]]]
+    mode: str
+    last_step: int
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if self.mode not in SHARDED_MODES:
+            raise ValueError(f"the sharded mode runs {' or '.join(SHARDED_MODES)}, not {self.mode!r}")
+        self.counters = ShardCounters()
+        self._ahead: dict[int, tuple[FetchedStep, list[list[bool]]]] = {}
+
+    def iteration(self, step: int) -> None:
+        """Run step ``step`` on this rank (see the module)."""
+        tasks = self.step_tasks(step)
+        fetched = self._fetch(step, tasks)
+        ahead = self._fetch_clean(step + 1) if self.mode == "quality" and step < self.last_step else None
+        for task in tasks[self.rank]:
+            if task.index not in fetched.started:
+                self._run(fetched, task)
+        returns = self.reader.returns(step, self.rank)
+        self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
+        handle = self.exchange.start(returns, f"return of step {step}")
+        if ahead is not None:
+            for task in self.step_tasks(step + 1)[self.rank]:
+                if not ahead.unsure[task.index]:
+                    self._run(ahead, task)
+                    self.counters.ran_ahead += 1
+        self.owner.publish(step, handle.wait(self.timeout_s))
+        self.counters.publications += 1
+
+    def _run(self, fetched: FetchedStep, task: Task) -> None:
+        """Render, back-propagate and stage one of this rank's tasks."""
+        self.counters.task_rows += int(((fetched.masks >> task.index) & 1).sum())
+        self.reader.run(fetched, task)
+
+    def _fetch(self, step: int, tasks: Sequence[Sequence[Task]]) -> FetchedStep:
+        """Step ``step``'s rows for this rank's tasks, every earlier step published: the whole read, or the rest
+        of a read fetched ahead."""
+        if step not in self._ahead:
+            received = self._exchange(self.owner.serve(self.owner.cull(step, tasks)), f"fetch of step {step}")
+            return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank]))
+        fetched, unsure = self._ahead.pop(step)
+        rest = self.owner.serve(self.owner.cull_rest(step, tasks, unsure))
+        fetched.add(self._exchange(rest, f"fetch of the rest of step {step}"), self.owner.params)
+        return fetched
+
+    def _fetch_clean(self, step: int) -> FetchedStep:
+        """Step ``step``'s clean part, before step - 1 is published, and each of this rank's tasks' unsure flag
+        (set where any owner may still send rows of it); kept for :meth:`_fetch`."""
+        tasks = self.step_tasks(step)
+        clean, unsure = self.owner.cull_clean(step, tasks)
+        received = self._exchange(self.owner.serve(clean), f"fetch of the clean part of step {step}")
+        flags = [{"ids": torch.tensor(rank_unsure, dtype=torch.int64).reshape(-1)} for rank_unsure in unsure]
+        doubts = self._exchange(flags, f"unsure flags of step {step}")
+        mine = torch.stack([d["ids"] for d in doubts]).any(dim=0) if doubts else torch.zeros(0, dtype=torch.bool)
+        fetched = FetchedStep.of(received, self.owner.params, [bool(flag) for flag in mine.reshape(-1).tolist()])
+        self._ahead[step] = (fetched, unsure)
+        return fetched
+
+    def _exchange(self, pieces: Sequence[Rows], what: str) -> list[Rows]:
+        """One all-to-all of row tables, waited for; counts the rows fetched."""
+        received = self.exchange.start(pieces, what).wait(self.timeout_s)
+        if "masks" in pieces[0] if pieces else False:
+            self.counters.rows_served += sum(int(piece["ids"].numel()) for piece in pieces)
+            self.counters.rows_fetched += sum(int(part["ids"].numel()) for part in received)
+        return received

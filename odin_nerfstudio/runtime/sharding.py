@@ -1,0 +1,331 @@
+"""The sharded (mixed-parallel) mode's two sides: the owner of a shard of the Gaussians, and the reader of a step.
+
+Every rank owns a contiguous range of global ids (``ownership.py``) with their parameters, Adam moments, versions
+and culling bounds, and renders its own views. A step moves rows twice, each time as one variable-size
+all-to-all (``comm/all_to_all.py``):
+
+1. **fetch**: the schedule is global, so each owner culls its range against every task of the step (no request
+   message) and sends each rank the rows its tasks read, with their versions and, per row, a mask of the rank's
+   tasks that read it. A rank keeps a step's rows for all its tasks: two of its tasks that share a row fetch it once.
+   What travels is 3D rows (the pull model), not screen-space Gaussians (``docs/architecture.md`` gives the bytes).
+2. **return**: after its tasks' backwards, a rank sends each owner the rows of its step's update in the owner's
+   range: its tasks' gradients summed in task order (the Shadow Graph's staging op, as a replicated worker does).
+   The owner sums the ranks' parts in rank order and applies selective Adam to the union (``publication.py``'s
+   :class:`Publisher`), so each row gets the replicated barrier's bits: same sums in the same order, same Adam.
+
+The owner checks reads against the pending writes to its rows, which it knows exactly (every write to a row
+reaches its owner): a row that some task of an unpublished step may write (it is in that task's C(t)) is
+*pending*. C(t) itself is culled on the synchronous state, as the barrier culls it. Before step s is published an
+owner may already send step s + 1's rows that step s cannot write (the clean part): they hold their synchronous
+values now, and they are in C(t) whatever step s does, since only step s's rows move. It also tells each task
+whether a pending row may end up in its C(t): whether one meets its frustum widened by the most one publication can
+move a row (``SelectiveAdam.movement_bound``). A task for which no owner says so reads exactly its synchronous C(t)
+already, and may run ahead of the publication; the others get the rest of their rows (the pending rows in their
+frustum, culled after the publication) once step s is published. That is how quality-first overlaps a step with
+the one before and stays equal to the barrier bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
+from odin_nerfstudio.core.selective_adam import SelectiveAdam
+from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.core.tables import PrimitiveTables
+from odin_nerfstudio.core.tasks import Task, task_generator
+from odin_nerfstudio.runtime.adapter import RenderAdapter
+from odin_nerfstudio.runtime.culling_index import CullingIndex
+from odin_nerfstudio.runtime.metering import Meter
+from odin_nerfstudio.runtime.ownership import ShardCuts
+from odin_nerfstudio.runtime.publication import Publisher
+from odin_nerfstudio.runtime.reads import Read, ReadRecord, RenderFn
+from odin_nerfstudio.runtime.shadow import ShadowGraph
+
+Rows = dict[str, Tensor]
+"""Per-row tensors of one row count (``ids`` int64 [n] first), the unit a shard message carries."""
+
+MASK_BITS = 63
+"""The most tasks a rank may run in one step: a fetched row's mask holds one bit per task of the reading rank."""
+
+
+class RowHandle(Protocol):
+    """A row exchange in flight."""
+
+    def wait(self, timeout: float) -> list[Rows]:
+        """Per source rank, in rank order, the rows it sent this rank; raises ``TimeoutError`` naming the exchange."""
+
+
+class RowExchange(Protocol):
+    """Moves per-destination row tables between the ranks (an all-to-all with split sizes); every rank starts the
+    same exchanges in the same order."""
+
+    def start(self, pieces: Sequence[Rows], what: str) -> RowHandle:
+        """Send ``pieces[r]`` to rank r (possibly no rows); ``what`` names the exchange in errors."""
+
+
+@dataclass
+class ShardCounters:
+    """What the sharded mode counted on one rank.
+
+    Attributes:
+        rows_fetched: rows this rank received for its tasks (each once per step, whatever its tasks sharing it).
+        task_rows: rows its tasks read (the sum of |C(t)|): what a fetch per task would have moved.
+        rows_served: rows this rank's shard sent to readers.
+        rows_returned: gradient rows this rank sent to owners.
+        pending_rows: rows named pending in a clean part (their values followed after a publication).
+        ran_ahead: tasks rendered before the previous step was published (on clean rows only).
+        publications: steps this owner published.
+    """
+
+    rows_fetched: int = 0
+    task_rows: int = 0
+    rows_served: int = 0
+    rows_returned: int = 0
+    pending_rows: int = 0
+    ran_ahead: int = 0
+    publications: int = 0
+
+
+class Owner:
+    """One rank's shard: its parameters, moments, versions and culling bounds, what it serves and publishes.
+
+    Args:
+        params: per name, the shard's parameter rows [n, ...] (global ids ``lo .. lo + n - 1``).
+        optimizers: per name, the shard's :class:`SelectiveAdam`.
+        cuts: every rank's range.
+        rank: this owner's rank.
+        adapter: the renderer's conventions (world scales for the culling bounds).
+        margin, near_plane: the culling frustum's widening and near plane (as the replicated runtime culls).
+        start_step: the first step (the steps before count as published).
+    """
+
+    def __init__(
+        self,
+        params: dict[str, Tensor],
+        optimizers: dict[str, SelectiveAdam],
+        cuts: ShardCuts,
+        rank: int,
+        adapter: RenderAdapter,
+        margin: float,
+        near_plane: float,
+        start_step: int = 0,
+    ) -> None:
+        self.lo, hi = cuts.range(rank)
+        if params["means"].shape[0] != hi - self.lo:
+            raise ValueError(f"rank {rank} owns ids {self.lo}..{hi - 1} but holds {params['means'].shape[0]} rows")
+        self.params, self.optimizers, self.cuts, self.rank = params, optimizers, cuts, rank
+        self.index = CullingIndex(params, adapter, margin, near_plane)
+        self.tables = PrimitiveTables.create(hi - self.lo, device=params["means"].device)
+        self.publisher = Publisher(params, optimizers, adapter, None, start_step - 1, record_rows=False)
+        self.pending: dict[int, Tensor] = {}
+        """Per unpublished step, its possible writes among this shard's rows (local, sorted): its tasks' C(t)."""
+        self._held: dict[int, Tensor] = {}
+        """Per step fetched ahead, the pending rows its clean part held back (local, sorted)."""
+
+    @property
+    def published_through(self) -> int:
+        """The last step this owner published."""
+        return self.publisher.published_through
+
+    def cull(self, step: int, tasks: Sequence[Sequence[Task]]) -> list[list[Tensor]]:
+        """Per rank and task of ``step``, its C(t) in this shard on the current state (local rows, sorted): the whole
+        read, every earlier step published. The rows are the step's pending writes until it is published."""
+        culled = [[self.index.candidates(task) for task in rank_tasks] for rank_tasks in tasks]
+        self._declare(step, culled)
+        return culled
+
+    def cull_clean(
+        self, step: int, tasks: Sequence[Sequence[Task]]
+    ) -> tuple[list[list[Tensor]], list[list[bool]]]:
+        """Before step - 1 is published: per rank and task of ``step``, the rows of its C(t) that step - 1 cannot
+        write (local, sorted), and whether a row step - 1 may write may end up in its C(t) (in its frustum widened
+        by the most the publication can move a row)."""
+        pending = self._pending_before(step)
+        mean_step = self.optimizers["means"].movement_bound(steps_ahead=1)
+        reach = self.index.reach(mean_step, self.optimizers["scales"].movement_bound(steps_ahead=1))
+        clean, unsure = [], []
+        for rank_tasks in tasks:
+            rows = [self.index.candidates(task) for task in rank_tasks]
+            clean.append([r[~isin_sorted(r, pending)] if pending.numel() else r for r in rows])
+            unsure.append([bool(pending.numel()) and self.index.any_meets(task, pending, reach) for task in rank_tasks])
+        self._declare(step, clean)
+        self._held[step] = pending
+        return clean, unsure
+
+    def cull_rest(
+        self, step: int, tasks: Sequence[Sequence[Task]], unsure: Sequence[Sequence[bool]]
+    ) -> list[list[Tensor]]:
+        """Once step - 1 is published: per rank and task of ``step`` that :meth:`cull_clean` was unsure of, the rows
+        it held back that are in the task's C(t) now (the rest of its read; empty for the others)."""
+        held = self._held.pop(step)
+        rest = [
+            [
+                held[self.index.bounds().meets(self.index.region(task), held)] if doubt else held[:0]
+                for task, doubt in zip(rank_tasks, rank_unsure, strict=True)
+            ]
+            for rank_tasks, rank_unsure in zip(tasks, unsure, strict=True)
+        ]
+        self._declare(step, rest)
+        return rest
+
+    def _declare(self, step: int, culled: Sequence[Sequence[Tensor]]) -> None:
+        """Add ``culled`` rows (per rank and task) to ``step``'s pending writes."""
+        sets = [rows for rank in culled for rows in rank]
+        if step in self.pending:
+            sets.append(self.pending[step])
+        self.pending[step] = union_sorted(sets, self.params["means"].device)
+
+    def _pending_before(self, step: int) -> Tensor:
+        """The rows an unpublished step before ``step`` may write (local, sorted)."""
+        sets = [rows for s, rows in self.pending.items() if self.published_through < s < step]
+        return union_sorted(sets, self.params["means"].device)
+
+    def serve(self, culled: Sequence[Sequence[Tensor]]) -> list[Rows]:
+        """Per rank, the rows its tasks read among ``culled`` (per task, local rows): global ids, task masks,
+        versions and parameter values, each row once."""
+        pieces = []
+        for rank_rows in culled:
+            local, masks = _rows_and_masks(rank_rows, self.params["means"].device)
+            rows = {"ids": local + self.lo, "masks": masks, "versions": self.tables.versions.index_select(0, local)}
+            rows.update({name: param.detach().index_select(0, local) for name, param in self.params.items()})
+            pieces.append(rows)
+        return pieces
+
+    def publish(self, step: int, parts: Sequence[Rows]) -> Tensor:
+        """Sum the ranks' gradient parts of ``step`` in rank order, apply selective Adam to their union (the
+        shard's rows only), advance the versions and refresh the culling bounds; returns the rows written (local)."""
+        self.publisher.check_order(step)
+        updates = [SparseUpdate(part["ids"] - self.lo, {name: part[name] for name in self.params}) for part in parts]
+        merged = sum_in_order(updates, self.params)
+        rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
+        self.index.update(rows, means, scales)
+        self.publisher.done(step, rows)
+        self.pending.pop(step, None)
+        return rows
+
+
+def _rows_and_masks(task_rows: Sequence[Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
+    """The union of a rank's tasks' rows (sorted) and, per row, the bit mask of the tasks that read it."""
+    if len(task_rows) > MASK_BITS:
+        raise ValueError(f"a rank runs {len(task_rows)} tasks in a step; the sharded mode allows {MASK_BITS}")
+    ids = union_sorted(list(task_rows), device)
+    mask = torch.zeros_like(ids)
+    for bit, rows in enumerate(task_rows):
+        mask[torch.searchsorted(ids, rows)] |= 1 << bit
+    return ids, mask
+
+
+@dataclass
+class FetchedStep:
+    """The rows one rank's tasks of a step read, gathered from every owner.
+
+    Attributes:
+        ids: global ids, sorted int64 [R].
+        masks: per row, the bit of each of the rank's tasks that reads it, int64 [R].
+        versions: the version each row was read at, int64 [R].
+        values: per name, the rows' parameter values [R, ...].
+        unsure: per task of the rank, whether some owner may still send rows of it (after a publication).
+        started: the rank's tasks of the step rendered so far.
+    """
+
+    ids: Tensor
+    masks: Tensor
+    versions: Tensor
+    values: dict[str, Tensor]
+    unsure: list[bool]
+    started: set[int] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, received: Sequence[Rows], template: dict[str, Tensor], unsure: Sequence[bool]) -> FetchedStep:
+        """The rows received from each owner (owners hold increasing ranges: their parts concatenate in order)."""
+        rows = _concat(received, template)
+        values = {name: rows[name] for name in template}
+        return cls(rows["ids"], rows["masks"], rows["versions"], values, list(unsure))
+
+    def add(self, received: Sequence[Rows], template: dict[str, Tensor]) -> None:
+        """The rest of the rows, sent after a publication (none of them was sent before): merged in id order;
+        every task then has all its rows."""
+        rest = _concat(received, template)
+        ids = torch.cat([self.ids, rest["ids"]])
+        order = torch.argsort(ids)
+        self.ids = ids[order]
+        self.masks = torch.cat([self.masks, rest["masks"]])[order]
+        self.versions = torch.cat([self.versions, rest["versions"]])[order]
+        self.values = {name: torch.cat([self.values[name], rest[name]])[order] for name in template}
+        self.unsure = [False] * len(self.unsure)
+
+    def rows_of(self, index: int) -> Tensor:
+        """The positions (into :attr:`ids`) of the rows the rank's task ``index`` reads, sorted int64."""
+        return torch.nonzero((self.masks >> index) & 1).flatten()
+
+
+def _concat(parts: Sequence[Rows], template: dict[str, Tensor]) -> Rows:
+    """Row tables of the owners, in owner order, as one (no row appears twice)."""
+    return {key: torch.cat([part[key] for part in parts]) for key in ["ids", "masks", "versions", *template]}
+
+
+class Reader:
+    """One rank's side of its own tasks: leaves from fetched rows, render, stage, and the return to the owners.
+
+    Args:
+        cuts: every rank's range (where a gradient row returns).
+        template: per name, a tensor giving the gradient rows' trailing shape and dtype (the shard's parameters).
+        render_fn: (task, leaves, generator) -> (loss, info).
+        adapter: the renderer's conventions (A(t) from the render's info).
+        meter: the rank's counters and timeline.
+        seed: the run's seed (each task's random stream).
+        ring_slots: K, the steps that may be staged at once.
+    """
+
+    def __init__(
+        self,
+        cuts: ShardCuts,
+        template: dict[str, Tensor],
+        render_fn: RenderFn,
+        adapter: RenderAdapter,
+        meter: Meter,
+        seed: int,
+        ring_slots: int,
+    ) -> None:
+        self.cuts, self.template, self.render_fn, self.adapter = cuts, template, render_fn, adapter
+        self.meter, self.seed = meter, seed
+        self.shadow = ShadowGraph(ring_slots, device=next(iter(template.values())).device, measure_norms=False)
+
+    def run(self, fetched: FetchedStep, task: Task) -> None:
+        """Render and back-propagate ``task`` (the rank's task number ``task.index``) on its fetched rows and stage
+        its active rows' gradients in its step's slot (global ids)."""
+        positions = fetched.rows_of(task.index)
+        candidate = fetched.ids.index_select(0, positions)
+        if self.shadow.slot(task.step) is None:
+            self.shadow.open(task.step)
+        self.shadow.declare(task.key, candidate)
+        leaves = {
+            name: values.index_select(0, positions).requires_grad_(True) for name, values in fetched.values.items()
+        }
+        record = ReadRecord(candidate, task.step - 1, (), None)
+        read = Read(task, record, leaves, task_generator(self.seed, task.step, task.view))
+        info = self.meter.render_and_backward(self.render_fn, read, None)
+        self.shadow.stage_task(task.key, candidate, leaves, self.adapter.active_mask(info, candidate.numel()))
+        fetched.started.add(task.index)
+
+    def returns(self, step: int, worker: int) -> list[Rows]:
+        """The rank's update of ``step`` (its tasks' gradients summed in task order), split by owner; frees the slot."""
+        if self.shadow.slot(step) is None:
+            self.shadow.open(step)
+        update = self.shadow.local_update(step, worker, self.template)
+        self.shadow.free(step)
+        counts = self.cuts.counts(update.rows)
+        pieces = []
+        start = 0
+        for count in counts:
+            piece = {"ids": update.rows[start : start + count]}
+            piece.update({name: grad[start : start + count] for name, grad in update.grads.items()})
+            pieces.append(piece)
+            start += count
+        return pieces
