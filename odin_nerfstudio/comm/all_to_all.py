@@ -352,3 +352,31 @@ def all_to_all_rows(pieces: Sequence[Tensor], group: Any = None, timeout: float 
     no :class:`RowAllToAll` exchange of ``group`` in flight; each collective waits at most ``timeout``.
     """
     return list(_AllToAllRows.apply(group, timeout, *pieces))
+
+
+class TableAllToAll:
+    """Row tables (per-row tensors of one row count, any dtypes) through a :class:`RowAllToAll`: each piece packed
+    into one message (``pack_rows``), unpacked on arrival; every piece of an exchange has the same columns."""
+
+    def __init__(self, rows: RowAllToAll) -> None:
+        self.rows = rows
+
+    def start(self, pieces: Sequence[Mapping[str, Tensor]], what: str) -> TableHandle:
+        """Send ``pieces[r]`` to rank r, at once (see :meth:`RowAllToAll.start`)."""
+        layout = RowLayout.of(pieces[0])
+        return TableHandle(self.rows.start([pack_rows(piece) for piece in pieces], what), layout)
+
+    def close(self) -> None:
+        """Stop the row exchange's progress thread."""
+        self.rows.close()
+
+
+class TableHandle:
+    """A table exchange in flight."""
+
+    def __init__(self, handle: RowHandle, layout: RowLayout) -> None:
+        self.handle, self.layout = handle, layout
+
+    def wait(self, timeout: float) -> list[dict[str, Tensor]]:
+        """Per source rank, in rank order, the table it sent this rank."""
+        return [unpack_rows(buffer, self.layout) for buffer in self.handle.wait(timeout)]

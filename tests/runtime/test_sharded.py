@@ -4,12 +4,18 @@ order equals the replicated barrier's bit for bit, and quality-first's reads run
 
 from __future__ import annotations
 
+import os
 import threading
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
+from odin_nerfstudio.comm.all_to_all import RowAllToAll, TableAllToAll
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import selective_adams
@@ -33,21 +39,42 @@ def replicated_barrier(schedule: list, workers: int, per_worker: int) -> dict[st
     return snapshot(runtime)
 
 
-def sharded(schedule: list, cuts: ShardCuts, mode: str, lr_scale: float = LR_SCALE) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
-    """The same schedule on ``cuts.num_shards`` sharded ranks (threads); the shards' snapshots in global-id order."""
+def make_loop(rank: int, schedule: list, cuts: ShardCuts, mode: str, lr_scale: float, exchange) -> ShardedLoop:
+    """Rank ``rank``'s shard of the toy model (its Z-order range) and its loop over ``exchange``."""
     params = make_params()
     restore_spatial_order(params, {}, None)
-    exchange = VirtualRowExchange(cuts.num_shards)
     config = OdinRuntimeConfig(mode=mode)
-    loops, errors = [], []
-    for rank in range(cuts.num_shards):
-        lo, hi = cuts.range(rank)
-        shard = {name: torch.nn.Parameter(p.detach()[lo:hi].clone()) for name, p in params.items()}
-        optimizers = selective_adams(shard, {name: lr * lr_scale for name, lr in LRS.items()})
-        owner = Owner(shard, optimizers, cuts, rank, GsplatAdapter(), config.candidate_margin, config.near_plane)
-        reader = Reader(cuts, shard, render, GsplatAdapter(), Meter(torch.device("cpu")), 0, config.ring_slots)
-        loops.append(ShardedLoop(owner, reader, exchange.endpoint(rank), rank, lambda s: schedule[s], mode,
-                                 len(schedule) - 1, 30.0))
+    lo, hi = cuts.range(rank)
+    shard = {name: torch.nn.Parameter(p.detach()[lo:hi].clone()) for name, p in params.items()}
+    optimizers = selective_adams(shard, {name: lr * lr_scale for name, lr in LRS.items()})
+    owner = Owner(shard, optimizers, cuts, rank, GsplatAdapter(), config.candidate_margin, config.near_plane)
+    reader = Reader(cuts, shard, render, GsplatAdapter(), Meter(torch.device("cpu")), 0, config.ring_slots)
+    return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, len(schedule) - 1, 30.0)
+
+
+def shard_snapshot(loop: ShardedLoop) -> dict[str, torch.Tensor]:
+    """A shard's parameters and Adam state, keyed as ``toy.snapshot``."""
+    out = {}
+    for name, param in loop.owner.params.items():
+        out[name] = param.detach().clone()
+        state = loop.owner.optimizers[name].state[param]
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            out[f"{name}.{key}"] = state[key].clone()
+    return out
+
+
+def gathered(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The shards' snapshots in global-id order (the step counts are every shard's, the same)."""
+    return {key: shards[0][key] if key.endswith(".step") else torch.cat([s[key] for s in shards]) for key in shards[0]}
+
+
+def sharded(
+    schedule: list, cuts: ShardCuts, mode: str, lr_scale: float = LR_SCALE
+) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
+    """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order."""
+    exchange = VirtualRowExchange(cuts.num_shards)
+    loops = [make_loop(rank, schedule, cuts, mode, lr_scale, exchange.endpoint(rank)) for rank in range(cuts.num_shards)]
+    errors = []
 
     def run(loop: ShardedLoop) -> None:
         try:
@@ -62,15 +89,43 @@ def sharded(schedule: list, cuts: ShardCuts, mode: str, lr_scale: float = LR_SCA
     for thread in threads:
         thread.join(timeout=120)
     assert not errors, errors
-    out = {}
-    for name in params:
-        rows = [loop.owner.params[name].detach() for loop in loops]
-        out[name] = torch.cat(rows)
-        for key in ("exp_avg", "exp_avg_sq"):
-            out[f"{name}.{key}"] = torch.cat([loop.owner.optimizers[name].state[loop.owner.params[name]][key]
-                                              for loop in loops])
-        out[f"{name}.step"] = loops[0].owner.optimizers[name].state[loops[0].owner.params[name]]["step"].clone()
-    return out, loops
+    return gathered([shard_snapshot(loop) for loop in loops]), loops
+
+
+def _gloo_rank_main(rank: int, workers: int, init_file: str, out_dir: str, mode: str) -> None:
+    """One gloo rank of a sharded run of the W = ``workers`` schedule of :func:`test_gloo_ranks_shard_the_model`."""
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=workers)
+        schedule, cuts = gloo_run(workers)
+        exchange = TableAllToAll(RowAllToAll(timeout=60.0))
+        loop = make_loop(rank, schedule, cuts, mode, LR_SCALE, exchange)
+        for step in range(len(schedule)):
+            loop.iteration(step)
+        exchange.close()
+        torch.save({"model": shard_snapshot(loop), "counters": vars(loop.counters)}, Path(out_dir) / f"rank{rank}.pt")
+    except BaseException:
+        (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def gloo_run(workers: int) -> tuple[list, ShardCuts]:
+    """The schedule and uneven shards of the gloo runs."""
+    bounds = [0, 37, 120] if workers == 2 else [0, 30, 71, 120]
+    return make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0), ShardCuts(torch.tensor(bounds))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_gloo_ranks_shard_the_model_and_equal_the_replicated_barrier(tmp_path: Path, workers: int) -> None:
+    """W processes over gloo (the variable all-to-all of ``comm/all_to_all.py``), each holding only its shard."""
+    mp.spawn(_gloo_rank_main, args=(workers, str(tmp_path / "init"), str(tmp_path), "barrier"), nprocs=workers)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(workers)]
+    schedule, cuts = gloo_run(workers)
+    assert [r["model"]["means"].shape[0] for r in results] == cuts.sizes
+    assert_identical(gathered([r["model"] for r in results]), replicated_barrier(schedule, workers, 2))
+    assert all(r["counters"]["rows_fetched"] > 0 and r["counters"]["rows_returned"] > 0 for r in results)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
