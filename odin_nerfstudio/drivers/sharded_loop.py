@@ -57,6 +57,8 @@ class ShardedLoop:
         tasks = self.step_tasks(step)
         fetched = self._fetch(step, tasks)
         ahead = self._fetch_clean(step + 1) if self.mode == "quality" and step < self.last_step else None
+        held = fetched.nbytes + (0 if ahead is None else ahead.nbytes)
+        self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)

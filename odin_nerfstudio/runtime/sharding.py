@@ -36,7 +36,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
-from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
+from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import Task, task_generator
 from odin_nerfstudio.runtime.adapter import RenderAdapter
@@ -81,6 +81,7 @@ class ShardCounters:
         pending_rows: rows named pending in a clean part (their values followed after a publication).
         ran_ahead: tasks rendered before the previous step was published (on clean rows only).
         publications: steps this owner published.
+        peak_fetched_bytes: the most bytes of fetched rows held at once (a step's, and the next one's clean part).
     """
 
     rows_fetched: int = 0
@@ -90,6 +91,7 @@ class ShardCounters:
     pending_rows: int = 0
     ran_ahead: int = 0
     publications: int = 0
+    peak_fetched_bytes: int = 0
 
 
 class Owner:
@@ -132,6 +134,23 @@ class Owner:
     def published_through(self) -> int:
         """The last step this owner published."""
         return self.publisher.published_through
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this shard holds: ``params``, Adam ``moments``, per-row ``tables`` (versions, pending marks) and the
+        culling ``bounds`` (centres and radii)."""
+        moments = sum(
+            tensor_bytes(value)
+            for name, param in self.params.items()
+            for value in self.optimizers[name].state.get(param, {}).values()
+            if isinstance(value, Tensor) and value.dim() > 0
+        )
+        bounds = self.index.bounds()
+        return {
+            "params": sum(tensor_bytes(p) for p in self.params.values()),
+            "moments": moments,
+            "tables": sum(tensor_bytes(t) for t in vars(self.tables).values()),
+            "bounds": tensor_bytes(bounds.centres) + tensor_bytes(bounds.radii),
+        }
 
     def cull(self, step: int, tasks: Sequence[Sequence[Task]]) -> list[list[Tensor]]:
         """Per rank and task of ``step``, its C(t) in this shard on the current state (local rows, sorted): the whole
@@ -259,6 +278,12 @@ class FetchedStep:
         self.versions = torch.cat([self.versions, rest["versions"]])[order]
         self.values = {name: torch.cat([self.values[name], rest[name]])[order] for name in template}
         self.unsure = [False] * len(self.unsure)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the fetched rows (ids, masks, versions, values)."""
+        tables = [self.ids, self.masks, self.versions, *self.values.values()]
+        return sum(tensor_bytes(t) for t in tables)
 
     def rows_of(self, index: int) -> Tensor:
         """The positions (into :attr:`ids`) of the rows the rank's task ``index`` reads, sorted int64."""
