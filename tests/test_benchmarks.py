@@ -71,3 +71,13 @@ def test_bench_lanes_quick_runs_one_and_two_lanes_bit_identically_and_writes_not
     assert "| most tasks in flight | 1 | 1 | 2 | 2 |" in result.stdout
     assert "quality x2 bit-identical to barrier x1 in every round: **yes**" in result.stdout
     assert "updated" not in result.stdout
+
+
+def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_writes_nothing() -> None:
+    result = run_quick("bench_shard_memory", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| W | largest shard rows / N | shard MiB (max over ranks) | replicated MiB | ratio |" in result.stdout
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(("| 2 | replica", "| 4 | replica"))]
+    assert len(rows) == 2 and rows[0][2] == "20,000", "one replica of the whole model per W"
+    assert result.stdout.count("| 2 | ") == 1 + 2 + 1 and result.stdout.count("| 4 | ") == 1 + 4 + 1
+    assert "updated" not in result.stdout

@@ -8,8 +8,8 @@ plain ``dict[str, Tensor]``, and the bounding spheres use ``exp`` of gsplat's lo
 
 Refinement (densify, prune, opacity reset) runs behind the runtime's drain barrier between two steps, with the
 conditions and ops of ``DefaultStrategy.step_post_backward``; the statistics are already accumulated per task by
-the runtime, so only the edits are made here. Every random draw of an edit comes from a generator seeded by
-(seed, step), so every worker and every re-run makes the same edit.
+the runtime, so only the edits are made here. A split's random samples are drawn per row from (seed, step, global
+id) (``core/row_random.py``), so every worker, every re-run and every shard of a sharded run makes the same edit.
 
 gsplat's private functions the project relies on are imported here and nowhere else (the rendering layer takes
 them from this module); ``tests/adapter/test_gsplat_pins.py`` pins their source, so a gsplat upgrade that changes
@@ -25,18 +25,19 @@ import torch
 from gsplat.cuda._torch_impl import _persp_proj, _quat_scale_to_covar_preci, _spherical_harmonics, _world_to_cam
 from gsplat.cuda._wrapper import fully_fused_projection
 from gsplat.strategy import DefaultStrategy
-from gsplat.strategy.ops import reset_opa
+from gsplat.strategy.ops import _update_param_with_optimizer, duplicate, reset_opa
+from gsplat.utils import normalized_quat_to_rotmat
 from torch import Tensor
 
+from odin_nerfstudio.core.row_random import row_normals
 from odin_nerfstudio.core.tables import index_map_from_uid
-from odin_nerfstudio.core.tasks import task_seed
 
 __all__ = [
     "STATS_SCHEMA",
-    "STRUCTURAL_VIEW",
     "GsplatAdapter",
     "accumulate",
     "apply_structural_change",
+    "edit_rows",
     "fully_fused_projection",
     "refine_due",
     "reset_due",
@@ -52,9 +53,6 @@ STATS_SCHEMA = {"rows": torch.int64, "grad2d": torch.float32, "radii": torch.flo
 """One task's densification statistics: global rows of its visible entries (one per camera and visible Gaussian),
 the norm of each entry's normalized screen-space gradient and its radius normalized by max(width, height), each
 [M]; what the transports carry per task (their wire dtypes)."""
-
-STRUCTURAL_VIEW = -1
-"""The view id that seeds a structural change's random stream (no task renders view -1)."""
 
 
 class GsplatAdapter:
@@ -195,20 +193,118 @@ def apply_structural_change(
     """Densify, prune and reset as gsplat would after `step`; returns the index map, int64 [N_new] (new -> old row).
 
     The statistics in `state` must hold every task of steps <= `step`; they are zeroed after a refinement, as
-    gsplat does. An opacity reset changes values, not rows: its index map is the identity. ``_grow_gs`` and
-    ``_prune_gs`` are gsplat's private halves of ``step_post_backward`` (pinned by a test).
+    gsplat does. An opacity reset changes values, not rows: its index map is the identity. The rows are the global
+    ids (the replicated model); a shard passes its own to :func:`edit_rows`.
     """
-    device = params["means"].device
-    state["uid"] = torch.arange(params["means"].shape[0], device=device)
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(task_seed(seed, step, STRUCTURAL_VIEW))
-        if refine_due(strategy, step):
-            strategy._grow_gs(params, optimizers, state, step)
-            strategy._prune_gs(params, optimizers, state, step)
-            for key in ("grad2d", "count", "radii"):
-                if state.get(key) is not None:
-                    state[key].zero_()
-        if reset_due(strategy, step):
-            reset_opa(params=params, optimizers=optimizers, state=state, value=strategy.prune_opa * 2.0)
-    return index_map_from_uid(state.pop("uid"))
+    ids = torch.arange(params["means"].shape[0], device=params["means"].device)
+    return edit_rows(strategy, params, optimizers, state, step, seed, ids)[0]
+
+
+GROUPS = 4
+"""Where gsplat's edit puts a row, in order: kept (not split), a duplicate, a split's first child, its second."""
+
+
+def edit_rows(
+    strategy: DefaultStrategy,
+    params: dict[str, torch.nn.Parameter],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+    step: int,
+    seed: int,
+    ids: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The structural change of rows whose global ids are ``ids`` (sorted int64 [N]): the whole model's, or a shard's.
+
+    gsplat's ``_grow_gs`` and ``_prune_gs`` rules (pinned), every rule per row; a split's two samples are drawn per
+    row from (seed, step, global id) (``core/row_random.py``) rather than from one block for all split rows, so a
+    row splits alike whichever rows share its shard. Returns the index map (new row -> old row) and, per new row,
+    its place in the order the whole model's edit would give it: ``group x N_all + parent id`` with the group of
+    :data:`GROUPS` (kept rows, then duplicates, then first and second children, each by parent id), int64 [N_new].
+    """
+    state["uid"] = torch.arange(params["means"].shape[0], device=ids.device)
+    parents = ids
+    if refine_due(strategy, step):
+        parents = _grow(strategy, params, optimizers, state, step, seed, ids)
+        state["tie"] = parents
+        strategy._prune_gs(params, optimizers, state, step)
+        parents = state.pop("tie")
+        for key in ("grad2d", "count", "radii"):
+            if state.get(key) is not None:
+                state[key].zero_()
+    if reset_due(strategy, step):
+        reset_opa(params=params, optimizers=optimizers, state=state, value=strategy.prune_opa * 2.0)
+    return index_map_from_uid(state.pop("uid")), parents
+
+
+def _grow(
+    strategy: DefaultStrategy,
+    params: dict[str, torch.nn.Parameter],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+    step: int,
+    seed: int,
+    ids: Tensor,
+) -> Tensor:
+    """``DefaultStrategy._grow_gs`` (duplicate small rows with high gradients, split large ones) with per-row split
+    draws; returns each new row's order key (see :func:`edit_rows`), int64 [N_new]."""
+    count = state["count"]
+    grads = state["grad2d"] / count.clamp_min(1)
+    is_grad_high = grads > strategy.grow_grad2d
+    is_small = torch.exp(params["scales"]).max(dim=-1).values <= strategy.grow_scale3d * state["scene_scale"]
+    is_dupli = is_grad_high & is_small
+    is_split = is_grad_high & ~is_small
+    if step < strategy.refine_scale2d_stop_iter:
+        is_split |= state["radii"] > strategy.grow_scale2d
+    total = torch.iinfo(torch.int64).max // GROUPS
+    keys = ids.clone()
+    if bool(is_dupli.any()):
+        duplicate(params=params, optimizers=optimizers, state=state, mask=is_dupli)
+        keys = torch.cat([keys, total + ids[is_dupli]])
+    is_split = torch.cat([is_split, torch.zeros(keys.numel() - is_split.numel(), dtype=torch.bool, device=ids.device)])
+    if bool(is_split.any()):
+        parents = keys[is_split]  # split rows are kept rows: their keys are their ids
+        _split(params, optimizers, state, is_split, strategy.revised_opacity, row_normals(seed, step, parents, 6))
+        keys = torch.cat([keys[~is_split], 2 * total + parents, 3 * total + parents])
+    return keys
+
+
+@torch.no_grad()
+def _split(
+    params: dict[str, torch.nn.Parameter],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+    mask: Tensor,
+    revised_opacity: bool,
+    normals: Tensor,
+) -> None:
+    """gsplat 1.4.0's ``ops.split`` with the samples' normals given (``normals`` float32 [S, 6]: per split row, its
+    two children's) and the rotation applied element-wise (a row's sample does not depend on the others')."""
+    sel, rest = torch.where(mask)[0], torch.where(~mask)[0]
+    scales = torch.exp(params["scales"][sel])
+    rotmats = normalized_quat_to_rotmat(torch.nn.functional.normalize(params["quats"][sel], dim=-1))
+    samples = []
+    for child in range(2):
+        local = scales * normals[:, 3 * child : 3 * child + 3].to(scales.device)
+        samples.append(rotmats[..., 0] * local[:, None, 0] + rotmats[..., 1] * local[:, None, 1]
+                       + rotmats[..., 2] * local[:, None, 2])
+    samples = torch.stack(samples)  # [2, S, 3]
+
+    def param_fn(name: str, p: Tensor) -> Tensor:
+        repeats = [2] + [1] * (p.dim() - 1)
+        if name == "means":
+            split = (p[sel] + samples).reshape(-1, 3)
+        elif name == "scales":
+            split = torch.log(scales / 1.6).repeat(2, 1)
+        elif name == "opacities" and revised_opacity:
+            split = torch.logit(1.0 - torch.sqrt(1.0 - torch.sigmoid(p[sel]))).repeat(repeats)
+        else:
+            split = p[sel].repeat(repeats)
+        return torch.nn.Parameter(torch.cat([p[rest], split]))
+
+    def optimizer_fn(key: str, v: Tensor) -> Tensor:
+        return torch.cat([v[rest], torch.zeros((2 * len(sel), *v.shape[1:]), device=v.device)])
+
+    _update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
+    for key, value in state.items():
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == mask.shape[0]:
+            state[key] = torch.cat((value[rest], value[sel].repeat([2] + [1] * (value.dim() - 1))))

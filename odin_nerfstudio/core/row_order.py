@@ -33,20 +33,33 @@ def _spread_bits(values: Tensor) -> Tensor:
     return (values | (values << 2)) & 0x1249249249249249
 
 
-def morton_codes(centres: Tensor) -> Tensor:
-    """Z-order codes of centres [3, N], int64 [N].
+def sample_stride(num_rows: int) -> int:
+    """The stride of the rows whose centres set the Z-order's frame (at most about 65536 of them)."""
+    return max(1, num_rows // 65536)
 
-    Cells are cubic (the same size on every axis, so that a run of codes is a compact piece of space),
-    ``MORTON_BITS`` per axis over the widest 0.1% to 99.9% quantile range; outliers clamp to the edge, NaN centres
-    get cell 0.
-    """
-    sample = centres[:, :: max(1, centres.shape[1] // 65536)].double()
+
+def morton_frame(sample: Tensor) -> tuple[Tensor, float]:
+    """The Z-order's cells from a sample of centres [3, S] (every :func:`sample_stride`-th row): the corner [3, 1]
+    and the cell size, cubic over the widest 0.1% to 99.9% quantile range."""
+    sample = sample.double()
     lo = torch.nanquantile(sample, 0.001, dim=1, keepdim=True)
     hi = torch.nanquantile(sample, 0.999, dim=1, keepdim=True)
     top = (1 << MORTON_BITS) - 1
-    size = float((hi - lo).max().nan_to_num(0.0).clamp(min=1e-12)) / top
-    cells = ((centres.double() - lo) / size).nan_to_num(0.0).clamp(0, top).long()
+    return lo, float((hi - lo).max().nan_to_num(0.0).clamp(min=1e-12)) / top
+
+
+def codes_in(centres: Tensor, frame: tuple[Tensor, float]) -> Tensor:
+    """Z-order codes of centres [3, N] in ``frame`` (:func:`morton_frame`), int64 [N]; outliers clamp to the edge,
+    NaN centres get cell 0."""
+    lo, size = frame
+    top = (1 << MORTON_BITS) - 1
+    cells = ((centres.double() - lo.to(centres.device)) / size).nan_to_num(0.0).clamp(0, top).long()
     return _spread_bits(cells[0]) | (_spread_bits(cells[1]) << 1) | (_spread_bits(cells[2]) << 2)
+
+
+def morton_codes(centres: Tensor) -> Tensor:
+    """Z-order codes of centres [3, N], int64 [N], in the frame of their own sample (:func:`morton_frame`)."""
+    return codes_in(centres, morton_frame(centres[:, :: sample_stride(centres.shape[1])]))
 
 
 def spatial_order(means: Tensor) -> Tensor:

@@ -10,12 +10,14 @@ s. Barrier fetches step s + 1 only after (6): Grendel's synchronization, the ref
 
 from __future__ import annotations
 
+from typing import Any
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, Rows, ShardCounters
 
 SHARDED_MODES = ("barrier", "quality")
@@ -52,26 +54,40 @@ class ShardedLoop:
         self.counters = ShardCounters()
         self._ahead: dict[int, tuple[FetchedStep, list[list[bool]]]] = {}
 
-    def iteration(self, step: int) -> None:
-        """Run step ``step`` on this rank (see the module)."""
+    def iteration(self, step: int, may_run_ahead: bool = True) -> None:
+        """Run step ``step`` on this rank (see the module); ``may_run_ahead``: nothing after it needs its
+        synchronous state (a structural change does: the caller's to say, the same on every rank)."""
         tasks = self.step_tasks(step)
         fetched = self._fetch(step, tasks)
-        ahead = self._fetch_clean(step + 1) if self.mode == "quality" and step < self.last_step else None
+        ahead = None
+        if self.mode == "quality" and may_run_ahead and step < self.last_step:
+            ahead = self._fetch_clean(step + 1)
         held = fetched.nbytes + (0 if ahead is None else ahead.nbytes)
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
-        returns = self.reader.returns(step, self.rank)
+        returns, stats = self.reader.returns(step, self.rank)
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
         handle = self.exchange.start(returns, f"return of step {step}")
+        stats_handle = self.exchange.start(stats, f"statistics of step {step}") if self.reader.keeps_stats else None
         if ahead is not None:
             for task in self.step_tasks(step + 1)[self.rank]:
                 if not ahead.unsure[task.index]:
                     self._run(ahead, task)
                     self.counters.ran_ahead += 1
-        self.owner.publish(step, handle.wait(self.timeout_s))
+        received_stats = () if stats_handle is None else stats_handle.wait(self.timeout_s)
+        self.owner.publish(step, handle.wait(self.timeout_s), received_stats)
         self.counters.publications += 1
+
+    def restructure(self, strategy: Any, step: int, seed: int) -> None:
+        """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank
+        once ``step`` is published and nothing of later steps was fetched (``runtime/resharding.py``)."""
+        if self._ahead:
+            raise RuntimeError(f"restructure after step {step}: steps {sorted(self._ahead)} were fetched ahead")
+        recut = restructure(self.owner, self.reader, self.exchange, strategy, step, seed, self.timeout_s)
+        self.counters.recuts += int(recut)
+        self.counters.restructures += 1
 
     def _run(self, fetched: FetchedStep, task: Task) -> None:
         """Render, back-propagate and stage one of this rank's tasks."""

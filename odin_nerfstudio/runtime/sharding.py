@@ -78,20 +78,22 @@ class ShardCounters:
         task_rows: rows its tasks read (the sum of |C(t)|): what a fetch per task would have moved.
         rows_served: rows this rank's shard sent to readers.
         rows_returned: gradient rows this rank sent to owners.
-        pending_rows: rows named pending in a clean part (their values followed after a publication).
         ran_ahead: tasks rendered before the previous step was published (on clean rows only).
         publications: steps this owner published.
         peak_fetched_bytes: the most bytes of fetched rows held at once (a step's, and the next one's clean part).
+        restructures: structural changes (each re-orders the rows and moves those whose owner changed).
+        recuts: structural changes after which the shards were re-cut by load.
     """
 
     rows_fetched: int = 0
     task_rows: int = 0
     rows_served: int = 0
     rows_returned: int = 0
-    pending_rows: int = 0
     ran_ahead: int = 0
     publications: int = 0
     peak_fetched_bytes: int = 0
+    restructures: int = 0
+    recuts: int = 0
 
 
 class Owner:
@@ -105,6 +107,7 @@ class Owner:
         adapter: the renderer's conventions (world scales for the culling bounds).
         margin, near_plane: the culling frustum's widening and near plane (as the replicated runtime culls).
         start_step: the first step (the steps before count as published).
+        strategy_state: the shard's densification statistics (gsplat's strategy state over its rows), or None.
     """
 
     def __init__(
@@ -117,11 +120,13 @@ class Owner:
         margin: float,
         near_plane: float,
         start_step: int = 0,
+        strategy_state: dict[str, Any] | None = None,
     ) -> None:
         self.lo, hi = cuts.range(rank)
         if params["means"].shape[0] != hi - self.lo:
             raise ValueError(f"rank {rank} owns ids {self.lo}..{hi - 1} but holds {params['means'].shape[0]} rows")
         self.params, self.optimizers, self.cuts, self.rank = params, optimizers, cuts, rank
+        self.adapter, self.strategy_state = adapter, strategy_state
         self.index = CullingIndex(params, adapter, margin, near_plane)
         self.tables = PrimitiveTables.create(hi - self.lo, device=params["means"].device)
         self.publisher = Publisher(params, optimizers, adapter, None, start_step - 1, record_rows=False)
@@ -216,17 +221,32 @@ class Owner:
             pieces.append(rows)
         return pieces
 
-    def publish(self, step: int, parts: Sequence[Rows]) -> Tensor:
+    def publish(self, step: int, parts: Sequence[Rows], stats: Sequence[Rows] = ()) -> Tensor:
         """Sum the ranks' gradient parts of ``step`` in rank order, apply selective Adam to their union (the
-        shard's rows only), advance the versions and refresh the culling bounds; returns the rows written (local)."""
+        shard's rows only), advance the versions, refresh the culling bounds and accumulate the tasks' statistics
+        (``stats``: per rank, its tasks' entries in this shard, in task order); returns the rows written (local)."""
         self.publisher.check_order(step)
         updates = [SparseUpdate(part["ids"] - self.lo, {name: part[name] for name in self.params}) for part in parts]
         merged = sum_in_order(updates, self.params)
         rows, means, scales = self.publisher.apply(step, merged, self.tables.seq)
         self.index.update(rows, means, scales)
+        if self.strategy_state is not None:
+            none = {"rows": rows[:0], "grad2d": means.new_zeros(0), "radii": means.new_zeros(0)}
+            self.adapter.accumulate(self.strategy_state, none, self.params["means"].shape[0])  # the tables, once
+            for entries in stats:  # rank order, then task order within a rank: the replicated publication's
+                for task_entries in _by_task(entries):
+                    task_entries["rows"] = task_entries["rows"] - self.lo
+                    self.adapter.accumulate(self.strategy_state, task_entries, self.params["means"].shape[0])
         self.publisher.done(step, rows)
         self.pending.pop(step, None)
         return rows
+
+
+def _by_task(entries: Rows) -> list[Rows]:
+    """A rank's statistics entries (a ``task`` column, in task order) as one table per task."""
+    _, counts = torch.unique_consecutive(entries["task"], return_counts=True)
+    pieces = [torch.split(entries[key], counts.tolist()) for key in ("rows", "grad2d", "radii")]
+    return [{"rows": r, "grad2d": g, "radii": q} for r, g, q in zip(*pieces, strict=True)]
 
 
 def _rows_and_masks(task_rows: Sequence[Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
@@ -306,6 +326,7 @@ class Reader:
         meter: the rank's counters and timeline.
         seed: the run's seed (each task's random stream).
         ring_slots: K, the steps that may be staged at once.
+        keeps_stats: whether the tasks' densification statistics return to the owners.
     """
 
     def __init__(
@@ -317,7 +338,9 @@ class Reader:
         meter: Meter,
         seed: int,
         ring_slots: int,
+        keeps_stats: bool = False,
     ) -> None:
+        self.keeps_stats = keeps_stats
         self.cuts, self.template, self.render_fn, self.adapter = cuts, template, render_fn, adapter
         self.meter, self.seed = meter, seed
         self.shadow = ShadowGraph(ring_slots, device=next(iter(template.values())).device, measure_norms=False)
@@ -335,22 +358,37 @@ class Reader:
         }
         record = ReadRecord(candidate, task.step - 1, (), None)
         read = Read(task, record, leaves, task_generator(self.seed, task.step, task.view))
-        info = self.meter.render_and_backward(self.render_fn, read, None)
-        self.shadow.stage_task(task.key, candidate, leaves, self.adapter.active_mask(info, candidate.numel()))
+        keep = self.adapter.before_backward if self.keeps_stats else None
+        info = self.meter.render_and_backward(self.render_fn, read, keep)
+        stats = self.adapter.task_stats(info, candidate) if self.keeps_stats else None
+        active = self.adapter.active_mask(info, candidate.numel())
+        self.shadow.stage_task(task.key, candidate, leaves, active, () if stats is None else (stats,))
         fetched.started.add(task.index)
 
-    def returns(self, step: int, worker: int) -> list[Rows]:
-        """The rank's update of ``step`` (its tasks' gradients summed in task order), split by owner; frees the slot."""
+    def returns(self, step: int, worker: int) -> tuple[list[Rows], list[Rows]]:
+        """The rank's update of ``step`` (its tasks' gradients summed in task order) split by owner, and its tasks'
+        statistics split by owner (a ``task`` column keeps their order); frees the slot."""
         if self.shadow.slot(step) is None:
             self.shadow.open(step)
         update = self.shadow.local_update(step, worker, self.template)
         self.shadow.free(step)
-        counts = self.cuts.counts(update.rows)
-        pieces = []
-        start = 0
-        for count in counts:
+        pieces, start = [], 0
+        for count in self.cuts.counts(update.rows):
             piece = {"ids": update.rows[start : start + count]}
             piece.update({name: grad[start : start + count] for name, grad in update.grads.items()})
             pieces.append(piece)
             start += count
-        return pieces
+        return pieces, self._stats_by_owner(update.stats)
+
+    def _stats_by_owner(self, stats: Sequence[dict[str, Tensor]]) -> list[Rows]:
+        """Each task's statistics entries (global rows) split by the owner of their rows, task by task."""
+        device = next(iter(self.template.values())).device
+        entries = {
+            "task": torch.cat([torch.full_like(s["rows"], i) for i, s in enumerate(stats)])
+            if stats else torch.empty(0, dtype=torch.int64, device=device),
+            **{key: torch.cat([s[key] for s in stats]) if stats else torch.empty(0, device=device)
+               for key in ("rows", "grad2d", "radii")},
+        }
+        entries["rows"] = entries["rows"].to(torch.int64)
+        owners = self.cuts.owner_of(entries["rows"])
+        return [{key: value[owners == rank] for key, value in entries.items()} for rank in range(self.cuts.num_shards)]

@@ -2,8 +2,9 @@
 fails here, naming the function, before it silently changes Odin's statistics, refinement or rasterizer.
 
 ``_update_state`` and ``step_post_backward`` are pinned because the adapter re-derives their arithmetic and
-triggers (``task_stats``, ``refine_due``, ``reset_due``); ``_grow_gs`` and ``_prune_gs`` because it calls them;
-the ``_torch_impl`` / ``_wrapper`` functions because the rendering layer calls them through the adapter. When one
+triggers (``task_stats``, ``refine_due``, ``reset_due``); ``_grow_gs`` and ``ops.split`` because ``edit_rows`` re-derives
+them with per-row split draws; ``_prune_gs``, ``ops.duplicate`` and ``_update_param_with_optimizer`` because it calls
+them; the ``_torch_impl`` / ``_wrapper`` functions because the rendering layer calls them through the adapter. When one
 fails: read gsplat's change, update the adapter to match, then the hash.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import gsplat
 import pytest
 from gsplat.cuda import _torch_impl, _wrapper
-from gsplat.strategy import DefaultStrategy
+from gsplat.strategy import DefaultStrategy, ops
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_VERSION = "1.4.0"
@@ -33,6 +34,9 @@ PINNED = {
     "_torch_impl._spherical_harmonics": (_torch_impl._spherical_harmonics, "feaf3fcc82a4997a"),
     "_torch_impl._world_to_cam": (_torch_impl._world_to_cam, "faf71910f6c01e2b"),
     "_wrapper.fully_fused_projection": (_wrapper.fully_fused_projection, "9937bf188600cbf5"),
+    "ops.split": (ops.split, "0a0fd26573011d6f"),
+    "ops.duplicate": (ops.duplicate, "974ab66b15c098b7"),
+    "ops._update_param_with_optimizer": (ops._update_param_with_optimizer, "817345e3438ba954"),
 }
 
 

@@ -25,7 +25,18 @@ from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts
 from odin_nerfstudio.runtime.sharding import Owner, Reader
-from odin_nerfstudio.scenes.toy import LRS, assert_identical, make_params, make_runtime, make_schedule, render, snapshot
+from odin_nerfstudio.adapter.gsplat import apply_structural_change
+from odin_nerfstudio.scenes.toy import (
+    LRS,
+    assert_identical,
+    make_params,
+    make_runtime,
+    make_schedule,
+    render,
+    render_gsplat,
+    snapshot,
+)
+from tests.comm.test_transport import DENSIFY, REFINE_AFTER
 
 STEPS, VIEWS, LR_SCALE = 6, 12, 8.0
 
@@ -36,30 +47,50 @@ def replicated_barrier(schedule: list, workers: int, per_worker: int) -> dict[st
         OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE, topology=Topology(workers, per_worker)
     )
     run_virtual(runtime, schedule)
-    return snapshot(runtime)
+    return {"versions": runtime.tables.versions, **snapshot(runtime)}
 
 
-def make_loop(rank: int, schedule: list, cuts: ShardCuts, mode: str, lr_scale: float, exchange) -> ShardedLoop:
-    """Rank ``rank``'s shard of the toy model (its Z-order range) and its loop over ``exchange``."""
-    params = make_params()
+def make_loop(
+    rank: int, schedule: list, cuts: ShardCuts, mode: str, lr_scale: float, exchange, densify: bool = False
+) -> ShardedLoop:
+    """Rank ``rank``'s shard of the toy model (its Z-order range) and its loop over ``exchange``; ``densify``: 60
+    Gaussians rendered by the project's rasterizer, with a strategy state (``DENSIFY``'s)."""
+    params = make_params(60 if densify else 120)
     restore_spatial_order(params, {}, None)
     config = OdinRuntimeConfig(mode=mode)
     lo, hi = cuts.range(rank)
     shard = {name: torch.nn.Parameter(p.detach()[lo:hi].clone()) for name, p in params.items()}
     optimizers = selective_adams(shard, {name: lr * lr_scale for name, lr in LRS.items()})
-    owner = Owner(shard, optimizers, cuts, rank, GsplatAdapter(), config.candidate_margin, config.near_plane)
-    reader = Reader(cuts, shard, render, GsplatAdapter(), Meter(torch.device("cpu")), 0, config.ring_slots)
+    state = DENSIFY.initialize_state(scene_scale=10.0) if densify else None
+    adapter = GsplatAdapter()
+    owner = Owner(shard, optimizers, cuts, rank, adapter, config.candidate_margin, config.near_plane,
+                  strategy_state=state)
+    render_fn = render_gsplat if densify else render
+    reader = Reader(cuts, shard, render_fn, adapter, Meter(torch.device("cpu")), 0, config.ring_slots, densify)
     return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, len(schedule) - 1, 30.0)
 
 
+def run_loop(loop: ShardedLoop, steps: int, refine_after: int | None = None) -> None:
+    """Every step on one rank, the structural change after ``refine_after`` (if given) before the step after it."""
+    for step in range(steps):
+        if refine_after is not None and step == refine_after + 1:
+            loop.restructure(DENSIFY, refine_after, seed=0)
+        loop.iteration(step, may_run_ahead=refine_after is None or step != refine_after)
+
+
 def shard_snapshot(loop: ShardedLoop) -> dict[str, torch.Tensor]:
-    """A shard's parameters and Adam state, keyed as ``toy.snapshot``."""
-    out = {}
-    for name, param in loop.owner.params.items():
+    """A shard's parameters, Adam state, versions and strategy state, keyed as ``toy.snapshot`` (and ``strategy.*``,
+    ``versions``)."""
+    owner = loop.owner
+    out = {"versions": owner.tables.versions}
+    for name, param in owner.params.items():
         out[name] = param.detach().clone()
-        state = loop.owner.optimizers[name].state[param]
+        state = owner.optimizers[name].state[param]
         for key in ("exp_avg", "exp_avg_sq", "step"):
             out[f"{name}.{key}"] = state[key].clone()
+    for key, value in (owner.strategy_state or {}).items():
+        if isinstance(value, torch.Tensor):
+            out[f"strategy.{key}"] = value.clone()
     return out
 
 
@@ -69,17 +100,20 @@ def gathered(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def sharded(
-    schedule: list, cuts: ShardCuts, mode: str, lr_scale: float = LR_SCALE
+    schedule: list, cuts: ShardCuts, mode: str, lr_scale: float = LR_SCALE, refine_after: int | None = None
 ) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
     """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order."""
     exchange = VirtualRowExchange(cuts.num_shards)
-    loops = [make_loop(rank, schedule, cuts, mode, lr_scale, exchange.endpoint(rank)) for rank in range(cuts.num_shards)]
+    densify = refine_after is not None
+    loops = [
+        make_loop(rank, schedule, cuts, mode, lr_scale, exchange.endpoint(rank), densify)
+        for rank in range(cuts.num_shards)
+    ]
     errors = []
 
     def run(loop: ShardedLoop) -> None:
         try:
-            for step in range(len(schedule)):
-                loop.iteration(step)
+            run_loop(loop, len(schedule), refine_after)
         except BaseException as error:  # noqa: BLE001 - reported by the test
             errors.append(error)
 
@@ -92,16 +126,44 @@ def sharded(
     return gathered([shard_snapshot(loop) for loop in loops]), loops
 
 
-def _gloo_rank_main(rank: int, workers: int, init_file: str, out_dir: str, mode: str) -> None:
-    """One gloo rank of a sharded run of the W = ``workers`` schedule of :func:`test_gloo_ranks_shard_the_model`."""
+def replicated_densified(schedule: list, workers: int) -> dict[str, torch.Tensor]:
+    """The replicated barrier with ``DENSIFY``'s refinement after ``REFINE_AFTER`` (the rows put back in Z-order)."""
+    params = make_params(60)
+    state = DENSIFY.initialize_state(scene_scale=10.0)
+    runtime = make_runtime(OdinRuntimeConfig(mode="barrier"), params, render_gsplat, strategy_state=state,
+                           lr_scale=LR_SCALE, topology=Topology(workers, 2))
+
+    def refine(rt) -> torch.Tensor:
+        return apply_structural_change(DENSIFY, rt.params, rt.optimizers, rt.strategy_state, REFINE_AFTER, seed=0)
+
+    run_virtual(runtime, schedule, structural_changes={REFINE_AFTER + 1: refine})
+    out = {"versions": runtime.tables.versions, **snapshot(runtime)}
+    out.update({f"strategy.{k}": v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_sharded_densification_equals_the_replicated_barrier(workers: int) -> None:
+    """Owners densify and prune their own rows; the rows are re-ordered as the replicated model's, moved between
+    shards (and re-cut where the shards' sizes drift apart) with moments, versions and statistics: bit for bit."""
+    schedule = make_schedule(STEPS, workers, 2, VIEWS)
+    reference = replicated_densified(schedule, workers)
+    assert reference["means"].shape[0] != 60, "the refinement should change the rows"
+    for mode in ("barrier", "quality"):
+        model, loops = sharded(schedule, ShardCuts.even(60, workers), mode, refine_after=REFINE_AFTER)
+        assert_identical(model, reference)
+        assert all(loop.counters.restructures == 1 for loop in loops)
+
+
+def _gloo_rank_main(rank: int, workers: int, init_file: str, out_dir: str, densify: bool) -> None:
+    """One gloo rank of a sharded barrier run of :func:`gloo_run`'s schedule (with the refinement if ``densify``)."""
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=workers)
-        schedule, cuts = gloo_run(workers)
+        schedule, cuts = gloo_run(workers, densify)
         exchange = TableAllToAll(RowAllToAll(timeout=60.0))
-        loop = make_loop(rank, schedule, cuts, mode, LR_SCALE, exchange)
-        for step in range(len(schedule)):
-            loop.iteration(step)
+        loop = make_loop(rank, schedule, cuts, "barrier", LR_SCALE, exchange, densify)
+        run_loop(loop, len(schedule), REFINE_AFTER if densify else None)
         exchange.close()
         torch.save({"model": shard_snapshot(loop), "counters": vars(loop.counters)}, Path(out_dir) / f"rank{rank}.pt")
     except BaseException:
@@ -109,22 +171,32 @@ def _gloo_rank_main(rank: int, workers: int, init_file: str, out_dir: str, mode:
     os._exit(0)
 
 
-def gloo_run(workers: int) -> tuple[list, ShardCuts]:
+def gloo_run(workers: int, densify: bool) -> tuple[list, ShardCuts]:
     """The schedule and uneven shards of the gloo runs."""
-    bounds = [0, 37, 120] if workers == 2 else [0, 30, 71, 120]
-    return make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0), ShardCuts(torch.tensor(bounds))
+    rows = 60 if densify else 120
+    bounds = [0, rows // 3, rows] if workers == 2 else [0, rows // 4, rows // 2 + 1, rows]
+    focal_scale = 0.75 if densify else 2.0
+    return make_schedule(STEPS, workers, 2, VIEWS, focal_scale=focal_scale), ShardCuts(torch.tensor(bounds))
 
 
-@pytest.mark.parametrize("workers", [2, 3])
-def test_gloo_ranks_shard_the_model_and_equal_the_replicated_barrier(tmp_path: Path, workers: int) -> None:
-    """W processes over gloo (the variable all-to-all of ``comm/all_to_all.py``), each holding only its shard."""
-    mp.spawn(_gloo_rank_main, args=(workers, str(tmp_path / "init"), str(tmp_path), "barrier"), nprocs=workers)
+@pytest.mark.parametrize(("workers", "densify"), [(2, False), (3, False), (3, True)])
+def test_gloo_ranks_shard_the_model_and_equal_the_replicated_barrier(
+    tmp_path: Path, workers: int, densify: bool
+) -> None:
+    """W processes over gloo (the variable all-to-all of ``comm/all_to_all.py``), each holding only its shard; with
+    ``densify`` across a refinement that re-orders, re-cuts and moves rows."""
+    args = (workers, str(tmp_path / "init"), str(tmp_path), densify)
+    mp.spawn(_gloo_rank_main, args=args, nprocs=workers)
     errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
     assert not errors, errors
     results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(workers)]
-    schedule, cuts = gloo_run(workers)
-    assert [r["model"]["means"].shape[0] for r in results] == cuts.sizes
-    assert_identical(gathered([r["model"] for r in results]), replicated_barrier(schedule, workers, 2))
+    schedule, cuts = gloo_run(workers, densify)
+    reference = replicated_densified(schedule, workers) if densify else replicated_barrier(schedule, workers, 2)
+    assert_identical(gathered([r["model"] for r in results]), reference)
+    if densify:
+        assert all(r["counters"]["recuts"] == 1 for r in results)
+    else:
+        assert [r["model"]["means"].shape[0] for r in results] == cuts.sizes
     assert all(r["counters"]["rows_fetched"] > 0 and r["counters"]["rows_returned"] > 0 for r in results)
 
 
