@@ -77,7 +77,11 @@ def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_wr
     result = run_quick("bench_shard_memory", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| W | largest shard rows / N | shard MiB (max over ranks) | replicated MiB | ratio |" in result.stdout
-    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(("| 2 | replica", "| 4 | replica"))]
-    assert len(rows) == 2 and rows[0][2] == "20,000", "one replica of the whole model per W"
-    assert result.stdout.count("| 2 | ") == 1 + 2 + 1 and result.stdout.count("| 4 | ") == 1 + 4 + 1
+    cells = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| ")]
+    per_rank = [[c.strip() for c in row[:3]] for row in cells if len(row) == 12 and row[0].strip().isdigit()]
+    for workers in (2, 4):
+        rows = [row for row in per_rank if row[0] == str(workers)]
+        assert [row[1] for row in rows] == [*map(str, range(workers)), "replica"]
+        shard_rows = sum(int(row[2].replace(",", "")) for row in rows[:-1])
+        assert shard_rows == int(rows[-1][2].replace(",", "")) == 20_000, "the shards cut the replica's rows"
     assert "updated" not in result.stdout
