@@ -17,7 +17,8 @@ Choices, each so that every rank and every mode computes the same bits:
 
 - Numbers: per view, the squared norms of its gradient rows summed in float64 (:func:`squared_norms`), added in
   task order within a worker and in worker order across workers (they travel with the exchange, as
-  ``SparseUpdate.sq_norms``); the numerator from the merged gradient every rank publishes.
+  ``SparseUpdate.sq_norms``); the numerator from the merged gradient every rank publishes, row by row first
+  (:func:`merged_squared_norms`), so a sharded run's owners reach the same bits.
 - Average: an exponential one whose weight is the group's Adam beta1 (the batch's, beta1 ** S): r is averaged over
   the views Adam's first moment remembers (about 10 at beta1 = 0.9 per view), the gradients the step's direction
   is made of. A step whose views have no gradient in a group (both terms 0) leaves its averages as they are. The
@@ -58,6 +59,21 @@ def squared_norms(grads: Mapping[str, Tensor]) -> Tensor:
     """Per parameter, in the mapping's order, the squared L2 norm of its gradient rows in float64, [G]."""
     values = [grad.detach().double().square().sum() for grad in grads.values()]
     return torch.stack(values) if values else torch.zeros(0, dtype=torch.float64)
+
+
+def row_squared_norms(grads: Mapping[str, Tensor]) -> Tensor:
+    """Per gradient row, per parameter in the mapping's order, its squared L2 norm in float64, [R, G]."""
+    rows = next(iter(grads.values())).shape[0] if grads else 0
+    columns = [grad.detach().double().square().reshape(rows, math.prod(grad.shape[1:])).sum(dim=1)
+               for grad in grads.values()]
+    return torch.stack(columns, dim=1) if columns else torch.zeros(rows, 0, dtype=torch.float64)
+
+
+def merged_squared_norms(row_norms: Tensor) -> Tensor:
+    """A step's ||merged gradient||^2 per parameter, float64 [G], from its rows' :func:`row_squared_norms` in row
+    order: the rows first, then the rows summed, so that a sharded run, whose owners each hold some rows, gets the
+    same bits from their rows' norms gathered in global-id order."""
+    return row_norms.sum(dim=0)
 
 
 @dataclass(frozen=True)

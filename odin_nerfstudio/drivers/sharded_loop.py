@@ -15,7 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
+from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, Rows, ShardCounters
@@ -37,6 +40,9 @@ class ShardedLoop:
         mode: "barrier" or "quality".
         last_step: the run's last step (nothing is fetched ahead of it).
         timeout_s: the longest any exchange is waited for.
+        gain: the adaptive batch rule (``core/batch_gain.py``), or None: after each publication every rank gathers
+            the merged gradient's row norms (global-id order) and the ranks' tasks' norms (rank order), so every
+            owner sets the gain the replicated publication sets, bit for bit.
     """
 
     owner: Owner
@@ -47,6 +53,7 @@ class ShardedLoop:
     mode: str
     last_step: int
     timeout_s: float
+    gain: AdaptiveGain | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SHARDED_MODES:
@@ -67,7 +74,7 @@ class ShardedLoop:
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
-        returns, stats = self.reader.returns(step, self.rank)
+        returns, stats, norms = self.reader.returns(step, self.rank)
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
         handle = self.exchange.start(returns, f"return of step {step}")
         stats_handle = self.exchange.start(stats, f"statistics of step {step}") if self.reader.keeps_stats else None
@@ -77,8 +84,27 @@ class ShardedLoop:
                     self._run(ahead, task)
                     self.counters.ran_ahead += 1
         received_stats = () if stats_handle is None else stats_handle.wait(self.timeout_s)
-        self.owner.publish(step, handle.wait(self.timeout_s), received_stats)
+        merged = self.owner.publish(step, handle.wait(self.timeout_s), received_stats)
         self.counters.publications += 1
+        if self.gain is not None:
+            self._observe_gain(step, merged, norms)
+
+    def _observe_gain(self, step: int, merged: SparseUpdate, norms: Tensor | None) -> None:
+        """The adaptive batch rule after ``step``'s publication, from every owner's rows and every rank's tasks."""
+        row_norms = row_squared_norms(merged.grads)
+        measured = torch.zeros(1, row_norms.shape[1], dtype=torch.float64) if norms is None else norms[None]
+        everyone = [{"rows": row_norms}] * self.owner.cuts.num_shards
+        parts = self.exchange.start(everyone, f"gradient norms of step {step}").wait(self.timeout_s)
+        tasks = [{"norms": measured, "any": torch.tensor([norms is not None])}] * len(everyone)
+        views = self.exchange.start(tasks, f"task norms of step {step}").wait(self.timeout_s)
+        if not any(bool(part["any"][0]) for part in views):
+            return
+        summed = merged_squared_norms(torch.cat([part["rows"] for part in parts]))
+        total = torch.zeros_like(summed)
+        for part in views:
+            total.add_(part["norms"][0])
+        names = list(merged.grads)
+        self.gain.observe(self.owner.optimizers, dict(zip(names, zip(summed.tolist(), total.tolist()))))
 
     def restructure(self, strategy: Any, step: int, seed: int) -> None:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank

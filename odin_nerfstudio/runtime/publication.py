@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from odin_nerfstudio.comm.protocol import FirstPart
-from odin_nerfstudio.core.batch_gain import AdaptiveGain, squared_norms
+from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
 from odin_nerfstudio.core.conflicts import isin_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
 from odin_nerfstudio.core.sparse import SparseUpdate, restricted
@@ -129,7 +129,7 @@ class Publisher:
         tasks measured none."""
         if merged.sq_norms is None:
             return None
-        summed = squared_norms(merged.grads).tolist()
+        summed = merged_squared_norms(row_squared_norms(merged.grads)).tolist()
         return dict(zip(merged.grads, zip(summed, merged.sq_norms.tolist(), strict=True), strict=True))
 
     def rest_movement(self) -> tuple[float, float]:

@@ -221,10 +221,11 @@ class Owner:
             pieces.append(rows)
         return pieces
 
-    def publish(self, step: int, parts: Sequence[Rows], stats: Sequence[Rows] = ()) -> Tensor:
+    def publish(self, step: int, parts: Sequence[Rows], stats: Sequence[Rows] = ()) -> SparseUpdate:
         """Sum the ranks' gradient parts of ``step`` in rank order, apply selective Adam to their union (the
         shard's rows only), advance the versions, refresh the culling bounds and accumulate the tasks' statistics
-        (``stats``: per rank, its tasks' entries in this shard, in task order); returns the rows written (local)."""
+        (``stats``: per rank, its tasks' entries in this shard, in task order); returns the merged update (local
+        rows), whose rows' norms the adaptive batch rule gathers."""
         self.publisher.check_order(step)
         updates = [SparseUpdate(part["ids"] - self.lo, {name: part[name] for name in self.params}) for part in parts]
         merged = sum_in_order(updates, self.params)
@@ -239,7 +240,7 @@ class Owner:
                     self.adapter.accumulate(self.strategy_state, task_entries, self.params["means"].shape[0])
         self.publisher.done(step, rows)
         self.pending.pop(step, None)
-        return rows
+        return merged
 
 
 def _by_task(entries: Rows) -> list[Rows]:
@@ -327,6 +328,7 @@ class Reader:
         seed: the run's seed (each task's random stream).
         ring_slots: K, the steps that may be staged at once.
         keeps_stats: whether the tasks' densification statistics return to the owners.
+        measure_norms: whether each task's squared gradient norms are measured (the adaptive batch rule).
     """
 
     def __init__(
@@ -339,11 +341,12 @@ class Reader:
         seed: int,
         ring_slots: int,
         keeps_stats: bool = False,
+        measure_norms: bool = False,
     ) -> None:
         self.keeps_stats = keeps_stats
         self.cuts, self.template, self.render_fn, self.adapter = cuts, template, render_fn, adapter
         self.meter, self.seed = meter, seed
-        self.shadow = ShadowGraph(ring_slots, device=next(iter(template.values())).device, measure_norms=False)
+        self.shadow = ShadowGraph(ring_slots, device=next(iter(template.values())).device, measure_norms=measure_norms)
 
     def run(self, fetched: FetchedStep, task: Task) -> None:
         """Render and back-propagate ``task`` (the rank's task number ``task.index``) on its fetched rows and stage
@@ -365,9 +368,10 @@ class Reader:
         self.shadow.stage_task(task.key, candidate, leaves, active, () if stats is None else (stats,))
         fetched.started.add(task.index)
 
-    def returns(self, step: int, worker: int) -> tuple[list[Rows], list[Rows]]:
-        """The rank's update of ``step`` (its tasks' gradients summed in task order) split by owner, and its tasks'
-        statistics split by owner (a ``task`` column keeps their order); frees the slot."""
+    def returns(self, step: int, worker: int) -> tuple[list[Rows], list[Rows], Tensor | None]:
+        """The rank's update of ``step`` (its tasks' gradients summed in task order) split by owner, its tasks'
+        statistics split by owner (a ``task`` column keeps their order) and their squared gradient norms summed in
+        task order (None unless measured); frees the slot."""
         if self.shadow.slot(step) is None:
             self.shadow.open(step)
         update = self.shadow.local_update(step, worker, self.template)
@@ -378,7 +382,7 @@ class Reader:
             piece.update({name: grad[start : start + count] for name, grad in update.grads.items()})
             pieces.append(piece)
             start += count
-        return pieces, self._stats_by_owner(update.stats)
+        return pieces, self._stats_by_owner(update.stats), update.sq_norms
 
     def _stats_by_owner(self, stats: Sequence[dict[str, Tensor]]) -> list[Rows]:
         """Each task's statistics entries (global rows) split by the owner of their rows, task by task."""

@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.all_to_all import RowAllToAll, TableAllToAll
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
@@ -51,7 +52,14 @@ def replicated_barrier(schedule: list, workers: int, per_worker: int) -> dict[st
 
 
 def make_loop(
-    rank: int, schedule: list, cuts: ShardCuts, mode: str, lr_scale: float, exchange, densify: bool = False
+    rank: int,
+    schedule: list,
+    cuts: ShardCuts,
+    mode: str,
+    lr_scale: float,
+    exchange,
+    densify: bool = False,
+    gain: AdaptiveGain | None = None,
 ) -> ShardedLoop:
     """Rank ``rank``'s shard of the toy model (its Z-order range) and its loop over ``exchange``; ``densify``: 60
     Gaussians rendered by the project's rasterizer, with a strategy state (``DENSIFY``'s)."""
@@ -66,8 +74,9 @@ def make_loop(
     owner = Owner(shard, optimizers, cuts, rank, adapter, config.candidate_margin, config.near_plane,
                   strategy_state=state)
     render_fn = render_gsplat if densify else render
-    reader = Reader(cuts, shard, render_fn, adapter, Meter(torch.device("cpu")), 0, config.ring_slots, densify)
-    return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, len(schedule) - 1, 30.0)
+    meter = Meter(torch.device("cpu"))
+    reader = Reader(cuts, shard, render_fn, adapter, meter, 0, config.ring_slots, densify, gain is not None)
+    return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, len(schedule) - 1, 30.0, gain)
 
 
 def run_loop(loop: ShardedLoop, steps: int, refine_after: int | None = None) -> None:
@@ -100,13 +109,18 @@ def gathered(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def sharded(
-    schedule: list, cuts: ShardCuts, mode: str, lr_scale: float = LR_SCALE, refine_after: int | None = None
+    schedule: list,
+    cuts: ShardCuts,
+    mode: str,
+    lr_scale: float = LR_SCALE,
+    refine_after: int | None = None,
+    gain: AdaptiveGain | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
     """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order."""
     exchange = VirtualRowExchange(cuts.num_shards)
     densify = refine_after is not None
     loops = [
-        make_loop(rank, schedule, cuts, mode, lr_scale, exchange.endpoint(rank), densify)
+        make_loop(rank, schedule, cuts, mode, lr_scale, exchange.endpoint(rank), densify, gain)
         for rank in range(cuts.num_shards)
     ]
     errors = []
@@ -140,6 +154,21 @@ def replicated_densified(schedule: list, workers: int) -> dict[str, torch.Tensor
     out = {"versions": runtime.tables.versions, **snapshot(runtime)}
     out.update({f"strategy.{k}": v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)})
     return out
+
+
+def test_the_adaptive_batch_rule_sets_the_same_gains_on_every_owner_as_on_the_replica() -> None:
+    """Owners gather the merged gradient's row norms in global-id order and the ranks' task norms in rank order:
+    the gains, hence every Adam step, equal the replicated barrier's with the same rule."""
+    workers, per_worker = 3, 2
+    schedule = make_schedule(STEPS, workers, per_worker, VIEWS, focal_scale=2.0)
+    gain = AdaptiveGain(workers * per_worker)
+    runtime = make_runtime(OdinRuntimeConfig(mode="barrier"), make_params(), lr_scale=LR_SCALE,
+                           topology=Topology(workers, per_worker), batch_gain=gain)
+    run_virtual(runtime, schedule)
+    model, loops = sharded(schedule, ShardCuts(torch.tensor([0, 30, 71, 120])), "quality", gain=gain)
+    assert_identical(model, {"versions": runtime.tables.versions, **snapshot(runtime)})
+    gains = {loop.owner.optimizers["means"].param_groups[0]["lr_gain"] for loop in loops}
+    assert len(gains) == 1 and gains != {1.0}
 
 
 @pytest.mark.parametrize("workers", [2, 3])
