@@ -142,7 +142,7 @@ class Owner:
 
     def memory(self) -> dict[str, int]:
         """Bytes this shard holds: ``params``, Adam ``moments``, per-row ``tables`` (versions, pending marks) and the
-        culling ``bounds`` (centres and radii)."""
+        culling ``bounds`` (centres, radii and their block index)."""
         moments = sum(
             tensor_bytes(value)
             for name, param in self.params.items()
@@ -150,11 +150,13 @@ class Owner:
             if isinstance(value, Tensor) and value.dim() > 0
         )
         bounds = self.index.bounds()
+        blocks = bounds.blocks
+        index = [] if blocks is None else [blocks.rows, blocks.spheres, blocks.slot_of, blocks.bounds]
         return {
             "params": sum(tensor_bytes(p) for p in self.params.values()),
             "moments": moments,
             "tables": sum(tensor_bytes(t) for t in vars(self.tables).values()),
-            "bounds": tensor_bytes(bounds.centres) + tensor_bytes(bounds.radii),
+            "bounds": sum(tensor_bytes(t) for t in [bounds.centres, bounds.radii, *index]),
         }
 
     def cull(self, step: int, tasks: Sequence[Sequence[Task]]) -> list[list[Tensor]]:
