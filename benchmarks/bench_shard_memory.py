@@ -14,27 +14,32 @@ C(t) is about 172k of 1M rows (1/6 of the ring: the candidate frustum's margin w
 image by 2.8 pixels, and the bounding spheres add their radii), rendered and back-propagated in about 1 s on one
 CPU thread (64 pixels x 172k rows, ~0.1 GB of temporaries).
 
-Sharded run (per W): the Z-ordered model cut by load, ``cut_by_load(row_load(views seeing each row), W)``, where a
-row's count is how many tasks of the whole schedule (every step, every rank) have it in their candidate set C(t)
-(``CullingIndex.candidates`` on the initial state, as the owners cull). Each rank keeps only its shard (cloned;
-the whole model is dropped before training), with its selective Adams, an ``Owner`` and a ``Reader``; the W ranks
-are threads of one process exchanging rows through ``VirtualRowExchange``, running ``--steps`` steps of the sharded
-barrier with B = ``--per-rank`` views per rank. Per rank after the run: ``Owner.memory()`` (params, moments, tables,
-bounds) and ``ShardCounters.peak_fetched_bytes`` (the most bytes of fetched rows held at once: ids, task masks,
-versions, values).
+Sharded run (per W): the Z-ordered model cut by load, ``cut_by_load(row_load(views seeing each row), W)``, the
+mode's rule (``runtime/ownership.py``: rows weighted by how many scheduled views see them) over the schedule's
+epoch, in which every training view is scheduled once: a row's count is how many of the V views have it in their
+candidate set C(t) (``CullingIndex.candidates`` on the initial state, as the owners cull). Not over the few steps
+the benchmark runs: those read 9 (W = 2) or 16 (W = 4) of the 24 views, so the shard over the less-read part of the
+ring got more rows (the run's own loads are still cut, for comparison, and reported). Each rank keeps only its
+shard (cloned; the whole model is dropped before training), with its selective Adams, an ``Owner`` and a
+``Reader``; the W ranks are threads of one process exchanging rows through ``VirtualRowExchange``, running
+``--steps`` steps of the sharded barrier with B = ``--per-rank`` views per rank. Per rank after the run:
+``Owner.memory()`` (params, moments, tables, bounds) and ``ShardCounters.peak_fetched_bytes`` (the most bytes of
+fetched rows held at once: ids, task masks, versions, values).
 
 Replicated run (per W): one ``OdinRuntime`` (barrier, W virtual workers, the same schedule and learning rates,
 ``toy.make_runtime`` + ``run_virtual``) holding the whole model, as every rank of a replicated run does. Its bytes
 are computed by the very same function, ``Owner.memory``, applied to the runtime's parameters, optimizers, tables
 (``runtime.tables``) and culling index (``runtime.index``), so both sides count the same kinds of tensors: every
 parameter, every optimizer state tensor of one or more dimensions (``exp_avg``, ``exp_avg_sq``; the scalar step is
-left out on both sides), the ``PrimitiveTables`` (three int64 per row) and the bounding spheres (centres [3, N],
-radii [N]). The Shadow Graph's peak (``memory_report``: gathered leaves, their gradients, staged rows, candidate
+left out on both sides), the ``PrimitiveTables`` (three int64 per row) and the culling bounds: the bounding
+spheres (centres [3, N], radii [N]) and their block index (``BoundingSpheres``' ``_Blocks``: row order, slots,
+padded sphere copies and block boxes; ``Owner.memory`` counts it when built, so it is built before counting, on
+both sides). The Shadow Graph's peak (``memory_report``: gathered leaves, their gradients, staged rows, candidate
 sets of the W virtual workers) is reported beside, as the replicated run's working set.
 
-Also reported, outside the target's kinds: each side's block index of the culling bounds (``BoundingSpheres``'
-``_Blocks``: row order, slots, padded sphere copies and block boxes), the staging peak of a sharded rank's Shadow
-Graph, and each run's process peak RSS (``ru_maxrss``; the sharded process holds all W ranks and their threads).
+Also reported, outside the target's kinds: the block index alone (part of ``bounds``), the staging peak of a
+sharded rank's Shadow Graph, and each run's process peak RSS (``ru_maxrss``; the sharded process holds all W ranks
+and their threads).
 Each (W, side) runs in its own subprocess (so each peak RSS is its own), torch at one intra-op thread, glibc's
 freed-memory thresholds raised in both (``core/heap.py``; the replicated runtime does so on the CPU).
 
@@ -67,6 +72,7 @@ from odin_nerfstudio.core.heap import keep_freed_memory
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import tensor_bytes
+from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.drivers.virtual import run_virtual
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
@@ -74,7 +80,7 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import cut_by_load, imbalance, row_load
 from odin_nerfstudio.runtime.sharding import Owner, Reader
-from odin_nerfstudio.scenes.toy import LRS, make_params, make_runtime, make_schedule, render
+from odin_nerfstudio.scenes.toy import LRS, camera, make_params, make_runtime, make_schedule, render
 
 NAME = "bench_shard_memory"
 SLACK = 0.10
@@ -95,9 +101,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--views", type=int, default=24, help="V, the ring's views")
     parser.add_argument("--focal-scale", type=float, default=2.0, help="focal length in image widths")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--horizon-steps", type=int, default=100, help="steps of the longer schedule whose loads are also cut (shown)"
-    )
     parser.add_argument("--quick", action="store_true", help="20k rows, 2 steps, print only")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
@@ -108,11 +111,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def schedule_of(args: argparse.Namespace, workers: int, steps: int | None = None) -> list:
-    """step -> rank -> its B tasks (``toy.make_schedule``: distinct views within a step), ``--steps`` of them
-    unless ``steps`` is given (a longer schedule starts with the same steps)."""
-    steps = args.steps if steps is None else steps
-    return make_schedule(steps, workers, args.per_rank, args.views, args.seed, focal_scale=args.focal_scale)
+def schedule_of(args: argparse.Namespace, workers: int) -> list:
+    """step -> rank -> its B tasks (``toy.make_schedule``: distinct views within a step), ``--steps`` of them."""
+    return make_schedule(args.steps, workers, args.per_rank, args.views, args.seed, focal_scale=args.focal_scale)
+
+
+def epoch_tasks(args: argparse.Namespace) -> list[Task]:
+    """The schedule's epoch as the load rule sees it: every training view once (one task per view, its camera as
+    the schedule's tasks of that view have it)."""
+    return [
+        Task(0, 0, view, view, camera(view, args.views, focal_scale=args.focal_scale)) for view in range(args.views)
+    ]
 
 
 def rss_bytes() -> int:
@@ -136,15 +145,13 @@ def block_index_bytes(index: CullingIndex) -> int:
     return sum(tensor_bytes(t) for t in (blocks.rows, blocks.spheres, blocks.slot_of, blocks.bounds))
 
 
-def views_seeing(params: dict[str, Tensor], schedule: list, config: OdinRuntimeConfig) -> Tensor:
-    """Per row, how many tasks of ``schedule`` (every step and rank) have it in their C(t), int64 [N]: each view
-    culled once on the initial state (a view's tasks share its camera), counted once per task of it."""
+def views_seeing(params: dict[str, Tensor], tasks: list[Task], config: OdinRuntimeConfig) -> Tensor:
+    """Per row, how many of ``tasks`` have it in their C(t), int64 [N]: each view culled once on the initial state
+    (a view's tasks share its camera), counted once per task of it."""
     index = CullingIndex(params, GsplatAdapter(), config.candidate_margin, config.near_plane)
     tasks_of: dict[int, list] = {}
-    for step in schedule:
-        for tasks in step:
-            for task in tasks:
-                tasks_of.setdefault(task.view, []).append(task)
+    for task in tasks:
+        tasks_of.setdefault(task.view, []).append(task)
     counts = torch.zeros(params["means"].shape[0], dtype=torch.int64)
     for view_tasks in tasks_of.values():
         rows = index.candidates(view_tasks[0])
@@ -159,11 +166,12 @@ def sharded(args: argparse.Namespace, workers: int) -> dict:
     params = make_params(num_gaussians=args.gaussians, seed=args.seed)
     restore_spatial_order(params, {}, None)  # global ids: the replicated model's rows, in Z-order
     start = time.perf_counter()
-    load = row_load(views_seeing(params, schedule, config))
+    load = row_load(views_seeing(params, epoch_tasks(args), config))  # the mode's rule: the epoch's views
     cuts = cut_by_load(load, workers)
     cut_s = time.perf_counter() - start
-    longer = schedule_of(args, workers, args.horizon_steps)  # the run's steps first, then more of the same draws
-    horizon_cuts = cut_by_load(row_load(views_seeing(params, longer, config)), workers)
+    run_tasks = [task for step in schedule for tasks in step for task in tasks]
+    run_load = row_load(views_seeing(params, run_tasks, config))  # the benchmark's few steps alone, for comparison
+    run_cuts = cut_by_load(run_load, workers)
     exchange = VirtualRowExchange(workers)
     loops = []
     for rank in range(workers):
@@ -196,6 +204,7 @@ def sharded(args: argparse.Namespace, workers: int) -> dict:
     ranks = []
     for rank, loop in enumerate(loops):
         counters = loop.counters
+        block_index = block_index_bytes(loop.owner.index)  # builds it if a refresh dropped it: then counted
         ranks.append(
             {
                 "rows": cuts.sizes[rank],
@@ -204,13 +213,14 @@ def sharded(args: argparse.Namespace, workers: int) -> dict:
                 "rows_fetched": counters.rows_fetched,
                 "task_rows": counters.task_rows,
                 "staging_peak": loop.reader.shadow.memory.peak,
-                "block_index": block_index_bytes(loop.owner.index),
+                "block_index": block_index,
             }
         )
     return {
         "ranks": ranks,
         "imbalance": imbalance(load, cuts),
-        "horizon_share": max(horizon_cuts.sizes) / cuts.num_rows,
+        "run_share": max(run_cuts.sizes) / cuts.num_rows,
+        "run_imbalance": imbalance(load, run_cuts),
         "views_read": len({task.view for step in schedule for tasks in step for task in tasks}),
         "cut_s": cut_s,
         "run_s": time.perf_counter() - start,
@@ -228,6 +238,7 @@ def replicated(args: argparse.Namespace, workers: int) -> dict:
     replica = SimpleNamespace(
         params=runtime.params, optimizers=runtime.optimizers, tables=runtime.tables, index=runtime.index
     )
+    block_index = block_index_bytes(runtime.index)  # built now if dropped, so that Owner.memory counts it
     memory = Owner.memory(replica)  # the same count as a shard's, on the replica's tensors
     report = runtime.memory_report()
     runtime.close()
@@ -235,7 +246,7 @@ def replicated(args: argparse.Namespace, workers: int) -> dict:
         "rows": runtime.num_primitives,
         **memory,
         "shadow_peak": report["peak_extra_bytes"],
-        "block_index": block_index_bytes(runtime.index),
+        "block_index": block_index,
         "run_s": run_s,
     }
 
@@ -271,8 +282,6 @@ def measure(args: argparse.Namespace, side: str, workers: int) -> dict:
         str(args.focal_scale),
         "--seed",
         str(args.seed),
-        "--horizon-steps",
-        str(args.horizon_steps),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -332,7 +341,7 @@ def table(args: argparse.Namespace, results: dict[int, tuple[dict, dict]]) -> li
 def detail(results: dict[int, tuple[dict, dict]]) -> list[str]:
     lines = [
         "| W | rank | rows | params | moments | tables | bounds | sum | peak fetched | rows fetched / task rows "
-        "| staging peak | block index (not counted) |",
+        "| staging peak | of which block index |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workers, (shard, replica) in results.items():
@@ -353,12 +362,21 @@ def detail(results: dict[int, tuple[dict, dict]]) -> list[str]:
     return lines
 
 
+def largest_share(args: argparse.Namespace, shard: dict) -> float:
+    """The largest shard's rows over N."""
+    return max(rank["rows"] for rank in shard["ranks"]) / args.gaussians
+
+
 def reading(args: argparse.Namespace, results: dict[int, tuple[dict, dict]]) -> list[str]:
     """What the figures say: where a shard's bytes and the process's memory go."""
+    _, replica = next(iter(results.values()))
+    per_row = {kind: replica[kind] / replica["rows"] for kind in KINDS}
+    index_row = replica["block_index"] / replica["rows"]
+    kinds = ", ".join(f"{kind} {per_row[kind]:.0f} B" for kind in KINDS)
     cuts = "; ".join(
-        f"W = {w}: {shard['views_read']} of the {args.views} views read, largest shard "
-        f"{max(r['rows'] for r in shard['ranks']) / args.gaussians:.3f} of the rows, "
-        f"{shard['horizon_share']:.3f} when cut by the loads of {args.horizon_steps} steps of the same schedule"
+        f"W = {w}: the run's {args.steps} steps read {shard['views_read']} of the {args.views} views; cut by their "
+        f"loads the largest shard would hold {shard['run_share']:.3f} of the rows (epoch load imbalance "
+        f"{shard['run_imbalance']:.3f}), cut by the epoch's {largest_share(args, shard):.3f}"
         for w, (shard, _) in results.items()
     )
     summaries = [summary(w, *pair) for w, pair in results.items()]
@@ -368,14 +386,16 @@ def reading(args: argparse.Namespace, results: dict[int, tuple[dict, dict]]) -> 
     )
     return [
         (
-            "- Where a shard's bytes go: every kind counted is per row (params 56 B, moments 112 B, tables 24 B, "
-            "bounds 16 B: 208 B a row), so a shard's share of the replica is exactly its share of the rows."
+            f"- Where a shard's bytes go: every kind counted is per row ({kinds}, of which the block index "
+            f"{index_row:.0f} B; {sum(per_row.values()):.0f} B a row in all, on the replica), so a shard's share of "
+            "the replica is its share of the rows, within the block index's padding of its last block."
         ),
         (
-            "- Why the largest shard is above 1/W: the cuts balance load (max / min above), not rows. A row's "
-            "load is 1 plus the tasks whose C(t) holds it over their mean, and the run's few steps read few of "
-            "the ring's views, so the shard over the less-read part of the ring holds more rows. The longer the "
-            f"schedule the loads are taken from, the more even the rows ({cuts}); `ShardCuts.even` would give 1/W."
+            "- The cuts follow the mode's rule: a row's load is 1 plus the epoch's views whose C(t) holds it over "
+            "their mean, every training view counted once, so on the ring, whose views are evenly spread, the loads "
+            "are nearly flat and the shards nearly even in rows. Loads taken from the benchmark's few steps alone "
+            "(as this benchmark first cut them, at 73fca3f) weigh the views those steps happen to read and leave "
+            f"the shard over the less-read part of the ring more rows ({cuts})."
         ),
         (
             "- The fetched rows come on top and do not shrink with W (B views per rank, each about 1/6 of the "
@@ -383,10 +403,9 @@ def reading(args: argparse.Namespace, results: dict[int, tuple[dict, dict]]) -> 
             f"{fetched}. Rows fetched / task rows < 1 where a rank's two views of a step share rows."
         ),
         (
-            "- Not counted by `Owner.memory()`, on both sides: the block index of the culling bounds (33 B a row: "
-            "row order and slots in int64, a padded copy of the spheres, the block boxes), in the last column; "
-            "a rank's staging peak (its staged gradient rows and candidate sets) and the replica's Shadow Graph "
-            "peak (its W virtual workers' gathered leaves, their gradients, staged rows and candidate sets)."
+            "- Not counted by `Owner.memory()`, on both sides: a rank's staging peak (its staged gradient rows and "
+            "candidate sets) and the replica's Shadow Graph peak (its W virtual workers' gathered leaves, their "
+            "gradients, staged rows and candidate sets)."
         ),
         (
             "- Peak RSS rise (over the process's RSS after its imports) is not the model's: it follows the toy "
@@ -418,9 +437,10 @@ def report(args: argparse.Namespace, command: str, results: dict[int, tuple[dict
         (
             f"Scene: the toy ring, N = {args.gaussians:,} SH-free Gaussians (14 floats per row), {args.views} narrow "
             f"views (focal {args.focal_scale} image widths, 8 x 8 pixels, the toy renderer), {args.steps} steps of "
-            f"the barrier, B = {args.per_rank} views per rank. Shards: Z-order ranges cut by load (1 + the tasks whose "
-            "C(t) holds the row over their mean). Bytes of the target's kinds: parameters, Adam moments, per-row "
-            "tables (versions, pending marks, last publication: 3 int64) and culling bounds (centres, radii), by "
+            f"the barrier, B = {args.per_rank} views per rank. Shards: Z-order ranges cut by load over the schedule's "
+            "epoch (1 + the views whose C(t) holds the row over their mean, every one of the V views once). Bytes "
+            "of the target's kinds: parameters, Adam moments, per-row tables (versions, pending marks, last "
+            "publication: 3 int64) and culling bounds (centres, radii and their block index), by "
             "`Owner.memory()` for a shard and by the same function on the replicated `OdinRuntime`'s tensors. "
             "Peak fetched: `ShardCounters.peak_fetched_bytes`. MiB = 2^20 bytes."
         ),
