@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of issue 10: build the CUDA ops, run the kernel tests on CUDA against the reference, and train a
-# short bare-gsplat loop through the Odin runtime in barrier, quality and throughput modes (scripts/gpu_check.py).
+# short bare-gsplat loop through the Odin runtime in barrier, quality and throughput modes (scripts/gpu_check.py);
+# then the sharded check (scripts/gpu_check.py --sharded): the sharded barrier and quality-first on 2 ranks (threads on
+# one GPU, and NCCL processes where there are 2 GPUs) against the replicated barrier.
 #
 #   bash scripts/gpu_check.sh --pack   # here (a machine with the project's .venv): fill .gpu_carry/ (about 20 MiB)
 #   bash scripts/gpu_check.sh          # on the GPU machine (Python 3.12, torch 2.11, nvcc, no registry)
@@ -40,6 +42,7 @@ if [ "${1:-}" = "--cpu" ]; then
     "$PY" -m odin_nerfstudio.kernels.build
     "$PY" -m pytest -q tests/kernels/test_ops.py -k "cpu and not 2_to_the_24" -p no:cacheprovider
     "$PY" scripts/gpu_check.py --cpu
+    "$PY" scripts/gpu_check.py --cpu --sharded
     exit 0
 fi
 
@@ -59,3 +62,5 @@ start=$(date +%s)
 echo "== gsplat's CUDA rasterizer built in $(( $(date +%s) - start )) s"
 "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k "cuda or nvcc"
 "$PY" scripts/gpu_check.py
+echo "== the sharded check"
+"$PY" scripts/gpu_check.py --sharded
