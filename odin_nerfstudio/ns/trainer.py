@@ -30,6 +30,7 @@ per rank), which opens in Perfetto and `odin-timeline` draws, and its counters a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -59,6 +60,7 @@ from odin_nerfstudio.kernels.ops import scatter_in_order
 from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint, restore_strategy_state, save_trainer_checkpoint
 from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
+from odin_nerfstudio.ns.sharded_training import ShardedTraining, find_sharded_checkpoint
 from odin_nerfstudio.ns.splat_runtime import (
     GAUSSIAN_PARAMS,
     SplatTaskRenderer,
@@ -129,6 +131,11 @@ class OdinTrainerConfig(TrainerConfig):
     """Distributed: how a step's gradient rows travel (`comm/exchange_choice.py`): auto (per step, the fewest
     predicted bytes), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
     them) or dense (all_reduce of every row)."""
+    sharded: bool = False
+    """Mixed parallel: each process owns a shard of the Gaussians (their parameters, Adam moments and tables) and
+    fetches the rows its views read from their owners, so a scene larger than one worker trains (odin-train under
+    torchrun, one shard per process; modes barrier and quality; `ns/sharded_training.py`). Off: every process holds
+    the whole model (data parallel)."""
     cpu_threads: int = 0
     """Intra-op torch threads of each process on the CPU; 0: the plugin's rule (`ns/threads.py`: the cores this
     process may run on, shared among the ranks of its node). ODIN_CPU_THREADS sets it too; OMP_NUM_THREADS, when
@@ -152,6 +159,8 @@ class OdinTrainer(Trainer):
         super().__init__(config, local_rank, world_size)
         self.distributed_transports: list = []
         """The torch.distributed transports this trainer made (`_transports`): it guards and closes them."""
+        self.shards: ShardedTraining | None = None
+        """The sharded mode's part of this rank (``--sharded``), else None."""
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
@@ -163,7 +172,7 @@ class OdinTrainer(Trainer):
         warn_if_step_exceeds_views(schedule.config.num_workers, schedule.config.views_per_worker, schedule.num_views)
         model = self.pipeline.model
         self._bind_optimizers(GAUSSIAN_PARAMS)
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.config.sharded:
             for param in model.gauss_params.values():
                 torch.distributed.broadcast(param.data, src=0)
         self.callbacks = [callback for callback in self.callbacks if callback.func != model.step_post_backward]
@@ -173,6 +182,11 @@ class OdinTrainer(Trainer):
         self.local_workers = list(datamanager.workers)
         images = [datamanager.cached_train[i]["image"] for i in range(len(datamanager.cached_train))]
         self._renderer = SplatTaskRenderer(model, images)
+        self._cameras: dict = {}
+        self._meter = TimelineMeter(self.pipeline.datamanager.rank)
+        if self.config.sharded:
+            self.shards = ShardedTraining(self, self._renderer)
+            return
         self.runtime = build_runtime(
             model,
             images,
@@ -187,13 +201,11 @@ class OdinTrainer(Trainer):
         )
         runtime = self.runtime
         restore_strategy_state(runtime.strategy_state, self._saved_strategy, runtime.num_primitives, model.device)
-        self._cameras: dict = {}
         config = self.config
         loop = LoopConfig(config.follow_overlap_window, config.run_ahead, config.expect_remote_writes,
                           config.read_behind_after)
         last_step = self._start_step + config.max_num_iterations - 1
         self.loop = TrainingLoop(runtime, self._step_tasks, self.local_workers, last_step, loop)
-        self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.world_size == 1 and self.runtime.topology.num_workers > 1:
             CONSOLE.log(f"Odin: {self.runtime.topology.num_workers} virtual workers in this process")
 
@@ -245,6 +257,8 @@ class OdinTrainer(Trainer):
         destroyed: a daemon thread inside a collective at exit aborts the process)."""
         for transport in self.distributed_transports:
             transport.close()
+        if self.shards is not None:
+            self.shards.close()
 
     def _bind_optimizers(self, names: tuple[str, ...]) -> None:
         """Point each selective Adam at the model's current parameter, carrying its state.
@@ -284,13 +298,16 @@ class OdinTrainer(Trainer):
         Returns nerfstudio's (loss, loss dict, metrics dict): the mean loss of the step's local tasks, the Gaussian
         count and the runtime's counters so far.
         """
-        model, runtime = self.pipeline.model, self.runtime
-        if step > 0 and structural_change_due(model.strategy, step - 1):
-            settle(runtime)
-            runtime.remap(structural_change(model, runtime, step - 1))
-        self.loop.iteration(step, self._may_run_ahead(step))
-        if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
-            self._check_replicas(step)
+        model = self.pipeline.model
+        if self.shards is not None:
+            self.shards.iteration(step)
+        else:
+            if step > 0 and structural_change_due(model.strategy, step - 1):
+                settle(self.runtime)
+                self.runtime.remap(structural_change(model, self.runtime, step - 1))
+            self.loop.iteration(step, self._may_run_ahead(step))
+            if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
+                self._check_replicas(step)
         losses = self._renderer.pop_losses(step)
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
         logged = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
@@ -318,6 +335,8 @@ class OdinTrainer(Trainer):
         """The Gaussian count, the runtime's counters and, with ``timeline``, this rank's timeline figures so far
         (views/s, share of the wait-free bound, idle and exposed wait shares, conflict and fallback rates, stale
         reads: `core.timeline_metrics`), for nerfstudio's writers, which log them every `steps_per_log`."""
+        if self.shards is not None:
+            return self.shards.metrics()
         counters = self.runtime.counters
         figures = {}
         if timeline:
@@ -342,17 +361,20 @@ class OdinTrainer(Trainer):
         intervals = (config.steps_per_eval_batch, config.steps_per_eval_image, config.steps_per_eval_all_images)
         if any(step_check(step, interval) for interval in intervals):
             self._settle()
-            if self.pipeline.datamanager.rank == 0:
-                super().eval_iteration(step)
-                # Fault injection for tests: an evaluation as slow as a full-resolution one on a large scene.
-                time.sleep(float(os.environ.get("ODIN_FAULT_EVAL_DELAY_S", "0")))
+            with self.shards.whole_model() if self.shards is not None else contextlib.nullcontext():
+                if self.pipeline.datamanager.rank == 0:
+                    super().eval_iteration(step)
+                    # Fault injection for tests: an evaluation as slow as a full-resolution one on a large scene.
+                    time.sleep(float(os.environ.get("ODIN_FAULT_EVAL_DELAY_S", "0")))
             self._after_rank0_work("evaluation", step)
 
     def save_checkpoint(self, step: int) -> None:
         """Settle the runtime on every rank (its steps <= ``step`` published), then save atomically with the
         strategy state (rank 0; ``checkpoints.py``)."""
         self._settle()
-        if comms.is_main_process():
+        if self.shards is not None:
+            self.shards.save(step)
+        elif comms.is_main_process():
             save_trainer_checkpoint(self, step)
         self._after_rank0_work("checkpoint", step)
 
@@ -362,7 +384,15 @@ class OdinTrainer(Trainer):
             wait_for_rank0(what, step, self.config.rank0_work_timeout_s, self.distributed_transports)
 
     def _load_checkpoint(self) -> None:
-        """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime."""
+        """nerfstudio's resume, from the newest intact checkpoint, keeping its strategy state for the runtime; with
+        ``--sharded``, the rank's own shard (``sharded_training.find_sharded_checkpoint``)."""
+        if self.config.sharded:
+            rank, num_shards = self.pipeline.datamanager.rank, max(self.world_size, 1)
+            self._sharded_resume = find_sharded_checkpoint(self.config, rank, num_shards)
+            if self._sharded_resume is not None:
+                self._start_step = self._sharded_resume["step"] + 1
+                self.pipeline.model.update_to_step(self._sharded_resume["step"])
+            return
         self._saved_strategy = load_trainer_checkpoint(self)
 
     def _after_train(self) -> None:
@@ -370,15 +400,18 @@ class OdinTrainer(Trainer):
 
         A run stopped from the viewer may have run tasks of the next step ahead: that step is finished first, so the
         last checkpoint holds a whole step's state and names it."""
-        finished = self.loop.finish()
-        self.step = self.step if finished is None else finished
-        self.runtime.close()
-        if self.world_size > 1:
-            self._check_replicas(self.step)
+        if self.shards is None:
+            finished = self.loop.finish()
+            self.step = self.step if finished is None else finished
+            self.runtime.close()
+            if self.world_size > 1:
+                self._check_replicas(self.step)
+        timeline = self.runtime.timeline if self.shards is None else self.shards.meter.timeline
         if self.config.export_timeline:
-            path = self.runtime.timeline.export_chrome_trace(self.base_dir / self._per_rank(TIMELINE_FILENAME))
+            path = timeline.export_chrome_trace(self.base_dir / self._per_rank(TIMELINE_FILENAME))
             CONSOLE.log(f"Odin timeline (Chrome trace, opens in Perfetto): {path}")
-        counters = json.dumps(dataclasses.asdict(self.runtime.counters), indent=1)
+        counters = self.runtime.counters if self.shards is None else self.shards.loop.counters
+        counters = json.dumps(dataclasses.asdict(counters), indent=1)
         (self.base_dir / self._per_rank(COUNTERS_FILENAME)).write_text(counters)
         metrics = self._odin_metrics()
         CONSOLE.log("Odin: " + ", ".join(f"{name} {value:g}" for name, value in metrics.items()))
@@ -402,6 +435,7 @@ class OdinTrainer(Trainer):
         check_replicas(dict(self.pipeline.model.gauss_params), step, transports=self.distributed_transports)
 
     def _settle(self) -> None:
-        """Publish every started step (the runtime exists once setup has run)."""
+        """Publish every started step (the runtime exists once setup has run; a sharded step publishes within its
+        iteration)."""
         if hasattr(self, "runtime"):
             settle(self.runtime)

@@ -1,0 +1,120 @@
+"""``--sharded`` through what users run: odin-train under torchrun (2 gloo ranks, one shard each) on the shipped
+kermit_320 capture, across a densification, against the replicated barrier of ns-train with 2 virtual workers;
+resume from a shard checkpoint; ns-eval and ns-export on the consolidated checkpoint; errors that name the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from odin_nerfstudio.ns import command_line
+from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from tests.ns.test_training import real_scene, run_cli
+
+ITERATIONS = 14
+DENSIFY = [
+    "--pipeline.model.num-downscales", "0",
+    "--pipeline.datamanager.views-per-step", "2",
+    "--pipeline.model.warmup-length", "8",
+    "--pipeline.model.refine-every", "8",
+    "--pipeline.model.densify-grad-thresh", "1e-4",
+]  # fmt: skip
+"""B = 2 views per worker and step (4 views a step); a refinement every 2 steps after the first 2."""
+
+
+def train(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> str:
+    """Train ``name`` (ITERATIONS steps, a checkpoint every 7) with one intra-op thread per process; its output."""
+    command = command_line.train_command(
+        "odin-splat", scene, output, flags.pop("iterations", ITERATIONS), ranks=ranks, experiment_name=name,
+        steps_per_save=7, options=[*DENSIFY, *options], **flags,
+    )  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result.stdout + result.stderr
+
+
+def run_folder(output: Path, name: str) -> Path:
+    return output / name / "odin-splat" / "run"
+
+
+def checkpoint(output: Path, name: str, step: int = ITERATIONS - 1) -> dict:
+    allow_nerfstudio_checkpoints()
+    path = run_folder(output, name) / "nerfstudio_models" / f"step-{step:09d}.ckpt"
+    return torch.load(path, map_location="cpu")
+
+
+def params_of(state: dict) -> dict[str, torch.Tensor]:
+    return {key: value for key, value in state["pipeline"].items() if "gauss_params" in key}
+
+
+def shard_moments(output: Path, name: str, step: int = ITERATIONS - 1) -> dict[str, torch.Tensor]:
+    """Every shard's Adam moments of ``step``, concatenated in rank order (global-id order)."""
+    folder = run_folder(output, name) / "odin_shards"
+    manifest = json.loads((folder / f"step-{step:09d}.json").read_text())
+    shards = [torch.load(folder / file, map_location="cpu") for file in manifest["files"]]
+    return {
+        f"{param}.{key}": torch.cat([shard["optimizers"][param]["state"][0][key] for shard in shards])
+        for param in shards[0]["optimizers"]
+        for key in ("exp_avg", "exp_avg_sq")
+    }
+
+
+def assert_same_params(a: dict, b: dict) -> None:
+    first, second = params_of(a), params_of(b)
+    assert first.keys() == second.keys() and len(first) == 6
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+
+
+@pytest.mark.slow
+def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(tmp_path: Path) -> None:
+    scene = real_scene("kermit_320")
+    train(scene, tmp_path, "virtual", "--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier")
+    out = train(scene, tmp_path, "barrier", "--sharded", "True", "--runtime.mode", "barrier", ranks=2)
+    assert "Odin sharded: rank 1 owns rows" in out
+    train(scene, tmp_path, "quality", "--sharded", "True", "--runtime.mode", "quality", ranks=2)
+
+    virtual = checkpoint(tmp_path, "virtual")
+    assert params_of(virtual)["_model.gauss_params.means"].shape[0] != 649, "the run should densify"
+    for name in ("barrier", "quality"):
+        assert_same_params(checkpoint(tmp_path, name), virtual)
+        moments = shard_moments(tmp_path, name)
+        for param, state in virtual["optimizers"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(moments[f"{param}.{key}"], state["state"][0][key]), (name, param, key)
+    counters = json.loads((run_folder(tmp_path, "barrier") / "odin_counters_rank0.json").read_text())
+    assert counters["restructures"] > 0 and counters["rows_fetched"] > 0
+
+    # Resume the sharded barrier from its checkpoint of step 7, across the later refinements.
+    models = run_folder(tmp_path, "barrier") / "nerfstudio_models"
+    resume = ["--sharded", "True", "--runtime.mode", "barrier", "--load-dir", str(models), "--load-step", "7"]
+    train(scene, tmp_path, "resumed", *resume, ranks=2, iterations=ITERATIONS - 8)
+    assert_same_params(checkpoint(tmp_path, "resumed"), virtual)
+
+    # ns-eval and ns-export see the whole model (the consolidated checkpoint).
+    psnr = {}
+    for name in ("virtual", "barrier"):
+        config = run_folder(tmp_path, name) / "config.yml"
+        run_cli("ns-eval", "--load-config", str(config), "--output-path", str(tmp_path / f"{name}.json"))
+        psnr[name] = json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"]
+    assert psnr["barrier"] == psnr["virtual"]
+    config = run_folder(tmp_path, "barrier") / "config.yml"
+    run_cli("ns-export", "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path / "export"))
+    ply = (tmp_path / "export" / "splat.ply").read_bytes()
+    vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
+    assert vertices == params_of(virtual)["_model.gauss_params.means"].shape[0]
+
+    # Resuming with another W, or without a shard, says what is wrong.
+    with pytest.raises(AssertionError, match="saved by 2 shards and this run has 1"):
+        train(scene, tmp_path, "one", "--sharded", "True", "--load-dir", str(models), iterations=2)
+    shard = run_folder(tmp_path, "barrier") / "odin_shards" / "step-000000007.rank-1-of-2.ckpt"
+    shutil.move(shard, tmp_path / "moved.ckpt")
+    with pytest.raises(AssertionError, match="rank-1-of-2.ckpt of .* are missing"):
+        train(scene, tmp_path, "lost", *resume, ranks=2, iterations=2)
