@@ -21,7 +21,7 @@ from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, 
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.resharding import restructure
-from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, Rows, ShardCounters
+from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, RowHandle, Rows, ShardCounters
 
 SHARDED_MODES = ("barrier", "quality")
 """The modes the sharded loop runs."""
@@ -83,8 +83,11 @@ class ShardedLoop:
                 if not ahead.unsure[task.index]:
                     self._run(ahead, task)
                     self.counters.ran_ahead += 1
-        received_stats = () if stats_handle is None else stats_handle.wait(self.timeout_s)
-        merged = self.owner.publish(step, handle.wait(self.timeout_s), received_stats)
+        received_stats = () if stats_handle is None else self._wait(stats_handle, step, "return")
+        parts = self._wait(handle, step, "return")
+        start = self.reader.meter.timeline.now()
+        merged = self.owner.publish(step, parts, received_stats)
+        self.reader.meter.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
         self.counters.publications += 1
         if self.gain is not None:
             self._observe_gain(step, merged, norms)
@@ -92,11 +95,13 @@ class ShardedLoop:
     def _observe_gain(self, step: int, merged: SparseUpdate, norms: Tensor | None) -> None:
         """The adaptive batch rule after ``step``'s publication, from every owner's rows and every rank's tasks."""
         row_norms = row_squared_norms(merged.grads)
-        measured = torch.zeros(1, row_norms.shape[1], dtype=torch.float64) if norms is None else norms[None]
+        device = row_norms.device
+        none = torch.zeros(1, row_norms.shape[1], dtype=torch.float64, device=device)
+        measured = none if norms is None else norms[None]
         everyone = [{"rows": row_norms}] * self.owner.cuts.num_shards
-        parts = self.exchange.start(everyone, f"gradient norms of step {step}").wait(self.timeout_s)
-        tasks = [{"norms": measured, "any": torch.tensor([norms is not None])}] * len(everyone)
-        views = self.exchange.start(tasks, f"task norms of step {step}").wait(self.timeout_s)
+        parts = self._wait(self.exchange.start(everyone, f"gradient norms of step {step}"), step, "return")
+        tasks = [{"norms": measured, "any": torch.tensor([norms is not None], device=device)}] * len(everyone)
+        views = self._wait(self.exchange.start(tasks, f"task norms of step {step}"), step, "return")
         if not any(bool(part["any"][0]) for part in views):
             return
         summed = merged_squared_norms(torch.cat([part["rows"] for part in parts]))
@@ -106,12 +111,13 @@ class ShardedLoop:
         names = list(merged.grads)
         self.gain.observe(self.owner.optimizers, dict(zip(names, zip(summed.tolist(), total.tolist()))))
 
-    def restructure(self, strategy: Any, step: int, seed: int) -> None:
+    def restructure(self, strategy: Any, step: int, seed: int, views: Sequence[Task] = ()) -> None:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank
-        once ``step`` is published and nothing of later steps was fetched (``runtime/resharding.py``)."""
+        once ``step`` is published and nothing of later steps was fetched (``runtime/resharding.py``); ``views``:
+        one task per training view, whose candidate sets weigh the rows for the cut."""
         if self._ahead:
             raise RuntimeError(f"restructure after step {step}: steps {sorted(self._ahead)} were fetched ahead")
-        recut = restructure(self.owner, self.reader, self.exchange, strategy, step, seed, self.timeout_s)
+        recut = restructure(self.owner, self.reader, self.exchange, strategy, step, seed, self.timeout_s, views)
         self.counters.recuts += int(recut)
         self.counters.restructures += 1
 
@@ -124,11 +130,12 @@ class ShardedLoop:
         """Step ``step``'s rows for this rank's tasks, every earlier step published: the whole read, or the rest
         of a read fetched ahead."""
         if step not in self._ahead:
-            received = self._exchange(self.owner.serve(self.owner.cull(step, tasks)), f"fetch of step {step}")
+            pieces = self.owner.serve(self.owner.cull(step, tasks))
+            received = self._exchange(pieces, f"fetch of step {step}", step)
             return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank]))
         fetched, unsure = self._ahead.pop(step)
         rest = self.owner.serve(self.owner.cull_rest(step, tasks, unsure))
-        fetched.add(self._exchange(rest, f"fetch of the rest of step {step}"), self.owner.params)
+        fetched.add(self._exchange(rest, f"fetch of the rest of step {step}", step), self.owner.params)
         return fetched
 
     def _fetch_clean(self, step: int) -> FetchedStep:
@@ -136,18 +143,32 @@ class ShardedLoop:
         (set where any owner may still send rows of it); kept for :meth:`_fetch`."""
         tasks = self.step_tasks(step)
         clean, unsure = self.owner.cull_clean(step, tasks)
-        received = self._exchange(self.owner.serve(clean), f"fetch of the clean part of step {step}")
-        flags = [{"ids": torch.tensor(rank_unsure, dtype=torch.int64).reshape(-1)} for rank_unsure in unsure]
-        doubts = self._exchange(flags, f"unsure flags of step {step}")
-        mine = torch.stack([d["ids"] for d in doubts]).any(dim=0) if doubts else torch.zeros(0, dtype=torch.bool)
+        received = self._exchange(self.owner.serve(clean), f"fetch of the clean part of step {step}", step - 1)
+        device = self.owner.params["means"].device
+        flags = [{"ids": torch.tensor(doubt, dtype=torch.int64, device=device).reshape(-1)} for doubt in unsure]
+        doubts = self._exchange(flags, f"unsure flags of step {step}", step - 1)
+        mine = torch.stack([d["ids"] for d in doubts]).any(dim=0)
         fetched = FetchedStep.of(received, self.owner.params, [bool(flag) for flag in mine.reshape(-1).tolist()])
         self._ahead[step] = (fetched, unsure)
         return fetched
 
-    def _exchange(self, pieces: Sequence[Rows], what: str) -> list[Rows]:
-        """One all-to-all of row tables, waited for; counts the rows fetched."""
-        received = self.exchange.start(pieces, what).wait(self.timeout_s)
-        if "masks" in pieces[0] if pieces else False:
+    def _exchange(self, pieces: Sequence[Rows], what: str, step: int) -> list[Rows]:
+        """One all-to-all of row tables during ``step``, waited for; counts the rows served and fetched."""
+        received = self._wait(self.exchange.start(pieces, what), step, "fetch")
+        if pieces and "masks" in pieces[0]:
             self.counters.rows_served += sum(int(piece["ids"].numel()) for piece in pieces)
             self.counters.rows_fetched += sum(int(part["ids"].numel()) for part in received)
+        return received
+
+    def _wait(self, handle: RowHandle, step: int, reason: str) -> list[Rows]:
+        """Wait for an exchange of ``step`` (bounded by ``timeout_s``): a "wait" span with its ``reason`` (fetch,
+        return) on this rank's timeline; its bytes, where the exchange counts them, in the counters."""
+        timeline = self.reader.meter.timeline
+        start = timeline.now()
+        received = handle.wait(self.timeout_s)
+        timeline.record("wait", self.rank, step, start, {"reason": reason})
+        spent = getattr(getattr(handle, "handle", None), "bytes", None)
+        if spent is not None:
+            self.counters.bytes_sent += spent.sent
+            self.counters.bytes_received += spent.received
         return received

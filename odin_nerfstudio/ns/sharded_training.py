@@ -137,9 +137,14 @@ class ShardedTraining:
         runtime = self.config.runtime
         index = CullingIndex(full, self.adapter, runtime.candidate_margin, runtime.near_plane)
         seen = torch.zeros(full["means"].shape[0], dtype=torch.int64, device=full["means"].device)
-        for view in range(len(self.trainer.pipeline.datamanager.cached_train)):
-            seen[index.candidates(Task(0, 0, 0, view, self.trainer._camera(view)))] += 1
+        for view in self.views():
+            seen[index.candidates(view)] += 1
         return cut_by_load(row_load(seen).cpu(), self.num_shards)
+
+    def views(self) -> list[Task]:
+        """One task per training view (an epoch's views), whose candidate sets weigh the rows for the cuts."""
+        count = len(self.trainer.pipeline.datamanager.cached_train)
+        return [Task(0, 0, 0, view, self.trainer._camera(view)) for view in range(count)]
 
     def _install(self, shard: dict[str, Tensor]) -> None:
         """Make the model's Gaussian parameters the shard's rows, their optimizers fresh on them."""
@@ -157,7 +162,7 @@ class ShardedTraining:
         """Schedule step ``step`` on this rank, after the structural change due after step - 1."""
         strategy = self.trainer.pipeline.model.strategy
         if step > 0 and structural_change_due(strategy, step - 1):
-            self.loop.restructure(strategy, step - 1, self.config.machine.seed)
+            self.loop.restructure(strategy, step - 1, self.config.machine.seed, self.views())
         self.loop.iteration(step, self.trainer._may_run_ahead(step))
 
     def metrics(self) -> dict[str, float]:
@@ -171,6 +176,9 @@ class ShardedTraining:
             "odin/rows_returned": float(counters.rows_returned),
             "odin/ran_ahead": float(counters.ran_ahead),
             "odin/recuts": float(counters.recuts),
+            "odin/cache_hits": float(counters.task_rows - counters.rows_fetched),
+            "odin/bytes_sent": float(counters.bytes_sent),
+            "odin/bytes_received": float(counters.bytes_received),
         }
 
     def _gathered(self) -> dict[str, Tensor] | None:

@@ -11,7 +11,8 @@ order key). Then, collectively (every rank, the same exchanges in the same order
 1. every rank learns every row's order key (8 bytes a row), hence the pre-Z-order position of its own rows;
 2. the rows at the replicated Z-order's sample positions send their centres: every rank computes the same frame;
 3. every rank learns every row's Z-code (8 bytes a row): the new global ids, the replicated stable sort;
-4. the new cuts: each shard keeps as many rows as its edit left it, unless max / min shard load then exceeds
+4. the new cuts: each shard keeps as many rows as its edit left it, unless max / min shard load (each row
+   weighing 1 plus the epoch's views that see it over their mean, counted by its owner with the codes) then exceeds
    ``ownership.RECUT_LIMIT``: re-cut by load (:func:`~odin_nerfstudio.runtime.ownership.cut_by_load`);
 5. rows whose new id falls in another shard move there with their Adam moments, versions and statistics.
 
@@ -30,9 +31,9 @@ from torch import Tensor
 from odin_nerfstudio.adapter.gsplat import edit_rows
 from odin_nerfstudio.core.row_order import codes_in, morton_frame, sample_stride
 from odin_nerfstudio.core.tables import PrimitiveTables
-from odin_nerfstudio.core.tasks import NO_STEP
+from odin_nerfstudio.core.tasks import NO_STEP, Task
 from odin_nerfstudio.runtime.culling_index import CullingIndex
-from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, needs_recut
+from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, needs_recut, row_load
 from odin_nerfstudio.runtime.sharding import Owner, Reader, RowExchange, Rows
 
 
@@ -44,10 +45,12 @@ def restructure(
     step: int,
     seed: int,
     timeout_s: float,
+    views: Sequence[Task] = (),
 ) -> bool:
     """The structural change after ``step`` (every step through it published on every owner) by ``strategy``
     (gsplat's ``DefaultStrategy``): edit, re-order,
-    re-cut and move (see the module); returns whether the shards were re-cut by load."""
+    re-cut and move (see the module); returns whether the shards were re-cut by load. ``views``: one task per
+    training view (an epoch), whose candidate sets weigh the rows (``ownership.row_load``); none: every row 1."""
     if owner.pending:
         raise RuntimeError(f"restructure after step {step}: steps {sorted(owner.pending)} are not published")
     rank, num_shards = owner.rank, owner.cuts.num_shards
@@ -73,12 +76,14 @@ def restructure(
     sample_at = torch.cat([part["ids"] for part in samples])
     centres = torch.cat([part["centres"] for part in samples])[torch.argsort(sample_at)]
     codes = codes_in(means.T, morton_frame(centres.T))
-    all_codes = torch.cat([part["ids"] for part in everyone({"ids": codes}, "Z-order codes")])
+    seen = _views_seeing(owner, views)
+    coded = everyone({"ids": codes, "seen": seen}, "Z-order codes and loads")
+    all_codes = torch.cat([part["ids"] for part in coded])
     order = before[torch.argsort(all_codes[before], stable=True)]  # new id -> row, as restore_spatial_order sorts
     new_ids = torch.empty_like(order)
     new_ids[order] = torch.arange(order.numel(), device=order.device)
 
-    load = torch.ones(order.numel(), dtype=torch.float64)
+    load = row_load(torch.cat([part["seen"] for part in coded])[order].cpu())
     cuts = ShardCuts(torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()]))
     recut = needs_recut(load, cuts)
     if recut:
@@ -131,6 +136,15 @@ def _move(
     owner.cuts, reader.cuts = cuts, cuts
     owner.lo = cuts.range(owner.rank)[0]
     owner.index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)
+
+
+def _views_seeing(owner: Owner, views: Sequence[Task]) -> Tensor:
+    """Per row of ``owner`` (as edited), how many of ``views`` hold it in their candidate set, int64 [n]."""
+    index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)
+    seen = torch.zeros(owner.params["means"].shape[0], dtype=torch.int64, device=owner.params["means"].device)
+    for view in views:
+        seen[index.candidates(view)] += 1
+    return seen
 
 
 def _per_row_state(owner: Owner) -> Sequence[str]:

@@ -83,6 +83,7 @@ class ShardCounters:
         peak_fetched_bytes: the most bytes of fetched rows held at once (a step's, and the next one's clean part).
         restructures: structural changes (each re-orders the rows and moves those whose owner changed).
         recuts: structural changes after which the shards were re-cut by load.
+        bytes_sent, bytes_received: what this rank's exchanges passed to the collectives (over torch.distributed).
     """
 
     rows_fetched: int = 0
@@ -94,6 +95,8 @@ class ShardCounters:
     peak_fetched_bytes: int = 0
     restructures: int = 0
     recuts: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 class Owner:
@@ -150,7 +153,7 @@ class Owner:
             if isinstance(value, Tensor) and value.dim() > 0
         )
         bounds = self.index.bounds()
-        blocks = bounds.blocks
+        blocks = bounds.index() if bounds.num_rows else None  # built as the next cull would build it
         index = [] if blocks is None else [blocks.rows, blocks.spheres, blocks.slot_of, blocks.bounds]
         return {
             "params": sum(tensor_bytes(p) for p in self.params.values()),

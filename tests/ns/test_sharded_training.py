@@ -15,6 +15,7 @@ import torch
 
 from odin_nerfstudio.ns import command_line
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns.test_training import real_scene, run_cli
 
 ITERATIONS = 14
@@ -118,3 +119,20 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     shutil.move(shard, tmp_path / "moved.ckpt")
     with pytest.raises(AssertionError, match="rank-1-of-2.ckpt of .* are missing"):
         train(scene, tmp_path, "lost", *resume, ranks=2, iterations=2)
+
+
+@pytest.mark.slow
+def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead(tmp_path: Path) -> None:
+    """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality equal the replicated barrier of 3
+    virtual workers bit for bit, and quality-first's reads ran ahead of unpublished steps."""
+    scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
+    street = ["--pipeline.datamanager.views-per-step", "1"]
+    train(scene, tmp_path, "virtual", *street, "--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier")
+    for mode in ("barrier", "quality"):
+        train(scene, tmp_path, mode, *street, "--sharded", "True", "--runtime.mode", mode, ranks=3)
+        assert_same_params(checkpoint(tmp_path, mode), checkpoint(tmp_path, "virtual"))
+    folder = run_folder(tmp_path, "quality")
+    counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
+    assert sum(c["ran_ahead"] for c in counters) > 0
+    manifest = json.loads((folder / "odin_shards" / f"step-{ITERATIONS - 1:09d}.json").read_text())
+    assert len(set(torch.tensor(manifest["bounds"]).diff().tolist())) > 1, "cut by load, the shards are uneven"

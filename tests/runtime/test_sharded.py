@@ -1,6 +1,7 @@
-"""The sharded mode against the replicated barrier: W ranks (threads of one process here; gloo processes in
-``tests/ns/test_sharded_ranks.py``) each own a shard, fetch rows, return gradients; the model gathered in global-id
-order equals the replicated barrier's bit for bit, and quality-first's reads run ahead of unpublished steps."""
+"""The sharded mode against the replicated barrier: W ranks (threads of one process, and gloo processes below;
+odin-train under torchrun in ``tests/ns/test_sharded_training.py``) each own a shard, fetch rows, return gradients;
+the model gathered in global-id order equals the replicated barrier's bit for bit, and quality-first's reads run
+ahead of unpublished steps."""
 
 from __future__ import annotations
 
@@ -227,6 +228,7 @@ def test_gloo_ranks_shard_the_model_and_equal_the_replicated_barrier(
     else:
         assert [r["model"]["means"].shape[0] for r in results] == cuts.sizes
     assert all(r["counters"]["rows_fetched"] > 0 and r["counters"]["rows_returned"] > 0 for r in results)
+    assert all(r["counters"]["bytes_sent"] > 0 and r["counters"]["bytes_received"] > 0 for r in results)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
