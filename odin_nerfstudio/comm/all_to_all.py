@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from odin_nerfstudio.comm.distributed import _CLOSE_CHECK_S, _POLL_S, _arrival, _Closed
+from odin_nerfstudio.comm.waiting import Closed, wait_for_work
 from odin_nerfstudio.core.sparse import tensor_bytes
 
 
@@ -131,29 +130,6 @@ def _exchange(pieces: Sequence[Tensor], rank: int, group: Any, wait: Wait) -> tu
     out = list(received.split(recv_splits))
     out[rank] = pieces[rank]
     return out, RowBytes(counts_bytes + tensor_bytes(send), counts_bytes + tensor_bytes(received))
-
-
-def _wait_work(work: Any, device: torch.device, timeout: float, closed: threading.Event | None, what: str) -> None:
-    """Wait for a collective's work at most ``timeout`` (``TimeoutError`` naming ``what``), asleep on its future on
-    gloo, polling its completion on NCCL, noticing ``closed`` (``_Closed``); then wait on the work, which raises a
-    failed collective's error. Never a timed wait on the work itself: on gloo that becomes the collective's own
-    timeout (see ``DistributedTransport._wait``)."""
-    deadline = time.monotonic() + timeout
-    arrived = _arrival(work) if device.type == "cpu" else None
-    while not (work.is_completed() if arrived is None else arrived.is_set()):
-        if closed is not None and closed.is_set():
-            raise _Closed
-        now = time.monotonic()
-        if now > deadline:
-            raise TimeoutError(f"waited {timeout:.3g} s for {what}")
-        if arrived is None:
-            time.sleep(_POLL_S)
-        else:
-            arrived.wait(min(_CLOSE_CHECK_S, deadline - now))
-    try:
-        work.wait()
-    except RuntimeError as error:
-        raise RuntimeError(f"{what} failed: {error}") from error
 
 
 def _describe(what: str, collective: str, world_size: int) -> str:
@@ -264,7 +240,7 @@ class RowAllToAll:
         while (handle := self._queue.get()) is not None:
             try:
                 received, spent = self._run(handle)
-            except _Closed:
+            except Closed:
                 describe = _describe(handle.what, handle.collective, self.world_size)
                 error: BaseException = RuntimeError(f"{describe}: the all-to-all was closed")
             except BaseException as failure:  # noqa: BLE001 - every failure must reach the waiting handles
@@ -293,7 +269,7 @@ class RowAllToAll:
         def wait(work: Any, collective: str) -> None:
             handle.collective = collective
             describe = _describe(handle.what, collective, self.world_size)
-            _wait_work(work, device, self.timeout, self._closed, describe)
+            wait_for_work(work, device, self.timeout, self._closed, describe)
 
         received, spent = _exchange(handle._pieces, self.rank, self.group, wait)
         handle._ready = _cuda_event(device)
@@ -319,7 +295,7 @@ class _AllToAllRows(torch.autograd.Function):
         device = pieces[0].device
 
         def wait(work: Any, collective: str) -> None:
-            _wait_work(work, device, timeout, None, _describe("all_to_all_rows", collective, world_size))
+            wait_for_work(work, device, timeout, None, _describe("all_to_all_rows", collective, world_size))
 
         received, _ = _exchange(pieces, rank, group, wait)
         ctx.group, ctx.timeout, ctx.rank, ctx.device = group, timeout, rank, device
@@ -332,7 +308,7 @@ class _AllToAllRows(torch.autograd.Function):
 
         def wait(work: Any, collective: str) -> None:
             describe = _describe("all_to_all_rows backward", collective, world_size)
-            _wait_work(work, ctx.device, ctx.timeout, None, describe)
+            wait_for_work(work, ctx.device, ctx.timeout, None, describe)
 
         # Along the reverse splits (the payload alone: both ends know the counts). An unused piece's gradient
         # comes as zeros (autograd materializes it), so every split holds what its receiver expects.

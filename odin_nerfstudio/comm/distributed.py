@@ -40,7 +40,6 @@ import dataclasses
 import math
 import queue
 import threading
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,6 +57,7 @@ from odin_nerfstudio.comm.exchange_choice import (
 )
 from odin_nerfstudio.comm.protocol import FirstPart, chosen_rows
 from odin_nerfstudio.comm import wire
+from odin_nerfstudio.comm.waiting import Closed, wait_for_work
 from odin_nerfstudio.comm.wire import INDEX_BYTES, Sizes, StatsLayout
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.sparse import Merge, SparseUpdate, joined, sum_in_order, tensor_bytes
@@ -131,10 +131,6 @@ class DistributedHandle:
     def what(self, part: str) -> str:
         """What a wait of this exchange waits for, for its errors: the step, the part and the ranks."""
         return f"exchange of step {self.step}: the {part} of ranks 0..{self._transport.world_size - 1}"
-
-
-class _Closed(Exception):
-    """The transport was closed while its progress thread waited for a collective."""
 
 
 def require_no_exchange_in_flight(what: str, transports: Iterable[DistributedTransport]) -> None:
@@ -260,7 +256,7 @@ class DistributedTransport:
         while (handle := self._queue.get()) is not None:
             try:
                 merged, spent = self._exchange(handle)
-            except _Closed:
+            except Closed:
                 error: BaseException = RuntimeError(f"{handle.what(handle.part)}: the transport was closed")
             except BaseException as failure:  # noqa: BLE001 - every failure must reach the waiting handles
                 error = failure
@@ -441,33 +437,9 @@ class DistributedTransport:
 
     def _wait(self, work: Any, handle: DistributedHandle, part: str) -> None:
         """Wait (in the progress thread) for a collective of ``handle``'s exchange, at most :attr:`timeout`, noticing
-        :meth:`close`; then wait on the work, which raises a failed collective's error and, on NCCL, orders this
-        thread's stream after it. Never a wait with a timeout: on gloo a work-level timeout is handed to the
-        collective's own sends and receives, so a short one fails the collective when a peer is late (seen as step
-        0's exchange hanging on both ranks under load), and on NCCL an expired one may abort the communicator. A
-        timeout raises ``TimeoutError`` naming the step and part.
-
-        On gloo the thread sleeps until the work's future completes (woken by gloo, checking :meth:`close` every
-        :data:`_CLOSE_CHECK_S`): polling ``is_completed`` every 0.5 ms woke it about 150 times per exchange while a
-        peer rendered, CPU taken from the renders beside it on a loaded machine. On NCCL, whose future completes
-        once the collective is enqueued, it polls ``is_completed`` (the GPU's completion) every :data:`_POLL_S`."""
+        :meth:`close` (``comm/waiting.py``); a timeout raises ``TimeoutError`` naming the step and part."""
         handle.part = part
-        deadline = time.monotonic() + self.timeout
-        arrived = _arrival(work) if self.device.type == "cpu" else None
-        while not (work.is_completed() if arrived is None else arrived.is_set()):
-            if self._closed.is_set():
-                raise _Closed
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(f"waited {self.timeout:.3g} s for {handle.what(part)}")
-            if arrived is None:
-                time.sleep(_POLL_S)
-            else:
-                arrived.wait(min(_CLOSE_CHECK_S, deadline - now))
-        try:
-            work.wait()
-        except RuntimeError as error:
-            raise RuntimeError(f"{handle.what(part)} failed: {error}") from error
+        wait_for_work(work, self.device, self.timeout, self._closed, handle.what(part))
 
     def _all_gather(self, tensor: Tensor, issued: list[tuple[str, int]]) -> tuple[list[Tensor], Any]:
         """Start an async all_gather of ``tensor`` (one shape on every rank), noted in ``issued``; returns the
@@ -480,16 +452,3 @@ class DistributedTransport:
         """Start an async all_reduce (sum) of ``tensor`` in place, noted in ``issued``; returns the work."""
         issued.append(("all_reduce", tensor_bytes(tensor)))
         return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-
-
-_POLL_S = 0.0005
-"""How often the progress thread polls a collective in flight on NCCL."""
-_CLOSE_CHECK_S = 0.05
-"""How often the progress thread, asleep on a gloo collective, checks whether the transport was closed."""
-
-
-def _arrival(work: Any) -> threading.Event:
-    """An event set once ``work``'s future completes (with its result or its error)."""
-    arrived = threading.Event()
-    work.get_future().add_done_callback(lambda _: arrived.set())
-    return arrived

@@ -29,7 +29,8 @@ from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
 from odin_nerfstudio.drivers.step_loop import run_step, settle
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.comm.distributed import DistributedHandle, DistributedTransport, _Closed
+from odin_nerfstudio.comm.distributed import DistributedHandle, DistributedTransport
+from odin_nerfstudio.comm.waiting import Closed
 from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.comm.protocol import Transport
 from odin_nerfstudio.drivers.virtual import run_virtual
@@ -197,7 +198,7 @@ def test_the_gloo_progress_thread_sleeps_on_a_collective_until_it_completes_or_t
 
     threading.Timer(0.1, transport._closed.set).start()
     start = time.monotonic()
-    with pytest.raises(_Closed):
+    with pytest.raises(Closed):
         transport._wait(_LateWork(30.0), handle, "gradient rows")
     assert time.monotonic() - start < 1.0
 
