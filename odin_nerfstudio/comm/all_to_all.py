@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from odin_nerfstudio.comm.waiting import Closed, wait_for_work
+from odin_nerfstudio.comm.waiting import Closed, wait_for_handle, wait_for_work
 from odin_nerfstudio.core.sparse import tensor_bytes
 
 
@@ -165,14 +165,10 @@ class RowHandle:
         raises ``TimeoutError`` naming the exchange and the collective still missing after ``timeout``, or the
         exchange's error."""
         with self._owner.condition:
-            finished = self._owner.condition.wait_for(
-                lambda: self.received is not None or self.error is not None, timeout=max(timeout, 0.0)
-            )
-            if self.error is not None:
-                raise self.error
-            if not finished:
-                describe = _describe(self.what, self.collective, self._owner.world_size)
-                raise TimeoutError(f"waited {timeout:.3g} s for {describe}")
+            wait_for_handle(
+                self._owner.condition, lambda: self.received is not None, lambda: self.error, timeout,
+                lambda: _describe(self.what, self.collective, self._owner.world_size),
+            )  # fmt: skip
             if self._ready is not None:  # the caller's stream reads the rows after the collectives wrote them
                 self._ready.wait()
             return self.received

@@ -57,7 +57,7 @@ from odin_nerfstudio.comm.exchange_choice import (
 )
 from odin_nerfstudio.comm.protocol import FirstPart, chosen_rows
 from odin_nerfstudio.comm import wire
-from odin_nerfstudio.comm.waiting import Closed, wait_for_work
+from odin_nerfstudio.comm.waiting import Closed, wait_for_handle, wait_for_work
 from odin_nerfstudio.comm.wire import INDEX_BYTES, Sizes, StatsLayout
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.sparse import Merge, SparseUpdate, joined, sum_in_order, tensor_bytes
@@ -97,13 +97,9 @@ class DistributedHandle:
     def wait(self, timeout: float) -> SparseUpdate:
         """The merged update; raises ``TimeoutError`` naming the step and the part still missing after ``timeout``."""
         with self._transport.condition:
-            finished = self._transport.condition.wait_for(
-                lambda: self.merged is not None or self.error is not None, timeout=max(timeout, 0.0)
-            )
-            if self.error is not None:
-                raise self.error
-            if not finished:
-                raise TimeoutError(f"waited {timeout:.3g} s for {self.what(self.part)}")
+            arrived = lambda: self.merged is not None  # noqa: E731
+            what = lambda: self.what(self.part)  # noqa: E731
+            wait_for_handle(self._transport.condition, arrived, lambda: self.error, timeout, what)
             return self.merged
 
     def first(self) -> FirstPart | None:
@@ -116,14 +112,9 @@ class DistributedHandle:
     def wait_first(self, timeout: float) -> FirstPart:
         """The first part; raises ``TimeoutError`` naming the step and the part still missing after ``timeout``."""
         with self._transport.condition:
-            finished = self._transport.condition.wait_for(
-                lambda: self.first_part is not None or self.merged is not None or self.error is not None,
-                timeout=max(timeout, 0.0),
-            )
-            if self.error is not None:
-                raise self.error
-            if not finished:
-                raise TimeoutError(f"waited {timeout:.3g} s for {self.what(self.part)}")
+            arrived = lambda: self.first_part is not None or self.merged is not None  # noqa: E731
+            what = lambda: self.what(self.part)  # noqa: E731
+            wait_for_handle(self._transport.condition, arrived, lambda: self.error, timeout, what)
             if self.first_part is None:
                 raise RuntimeError(f"exchange of step {self.step}: no rank asked for rows first")
             return self.first_part

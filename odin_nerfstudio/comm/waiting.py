@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,6 +51,23 @@ def wait_for_work(work: Any, device: torch.device, timeout: float, closed: threa
         work.wait()
     except RuntimeError as error:
         raise RuntimeError(f"{what} failed: {error}") from error
+
+
+def wait_for_handle(
+    condition: threading.Condition,
+    arrived: Callable[[], bool],
+    error: Callable[[], BaseException | None],
+    timeout: float,
+    what: Callable[[], str],
+) -> None:
+    """What a handle's ``wait`` does, with ``condition`` held: wait at most ``timeout`` s until ``arrived()`` or the
+    progress thread's ``error()``; raise that error, or ``TimeoutError`` naming ``what()``."""
+    finished = condition.wait_for(lambda: arrived() or error() is not None, timeout=max(timeout, 0.0))
+    failed = error()
+    if failed is not None:
+        raise failed
+    if not finished:
+        raise TimeoutError(f"waited {timeout:.3g} s for {what()}")
 
 
 def _arrival(work: Any) -> threading.Event:
