@@ -14,7 +14,8 @@
 - Checkpoints: each rank writes its shard (parameters, moments, versions, statistics, schedulers) atomically to
   ``<run>/odin_shards/step-<n>.rank-<r>-of-<W>.ckpt``; then rank 0 writes nerfstudio's ``step-<n>.ckpt`` with the
   whole model's parameters (what ns-eval, ns-export, ns-render and ns-viewer load) and the manifest
-  ``<run>/odin_shards/step-<n>.json``. Resume (``--load-dir``) reads only the rank's own shard, at the same W.
+  ``<run>/odin_shards/step-<n>.json``, after which, with ``--save-only-latest-checkpoint`` (nerfstudio's default),
+  the older steps' files go. Resume (``--load-dir``) reads only the rank's own shard, at the same W.
 """
 
 from __future__ import annotations
@@ -235,6 +236,13 @@ class ShardedTraining:
                 "files": [shard_path(folder, step, r, self.num_shards).name for r in range(self.num_shards)],
             }
             manifest_path(folder, step).write_text(json.dumps(manifest, indent=1))
+            if self.config.save_only_latest_checkpoint:  # nerfstudio's default: the older steps' files go
+                kept = {checkpoint_path(trainer.checkpoint_dir, step), manifest_path(folder, step)}
+                kept |= {folder / name for name in manifest["files"]}
+                older = [*Path(trainer.checkpoint_dir).glob("step-*.ckpt"), *folder.glob("step-*")]
+                for path in older:
+                    if path not in kept:
+                        path.unlink()
 
     def _restore(self, shard: dict[str, Any]) -> None:
         """A resumed rank's moments, schedulers, versions and statistics from its shard file."""

@@ -25,8 +25,10 @@ DENSIFY = [
     "--pipeline.model.warmup-length", "8",
     "--pipeline.model.refine-every", "8",
     "--pipeline.model.densify-grad-thresh", "1e-4",
+    "--save-only-latest-checkpoint", "False",
 ]  # fmt: skip
-"""B = 2 views per worker and step (4 views a step); a refinement every 2 steps after the first 2."""
+"""B = 2 views per worker and step (4 views a step); a refinement every 2 steps after the first 2; every checkpoint
+kept (a resume starts from the middle one)."""
 
 
 def train(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> str:
@@ -126,7 +128,7 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality equal the replicated barrier of 3
     virtual workers bit for bit, and quality-first's reads ran ahead of unpublished steps."""
     scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
-    street = ["--pipeline.datamanager.views-per-step", "1"]
+    street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
     train(scene, tmp_path, "virtual", *street, "--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier")
     for mode in ("barrier", "quality"):
         train(scene, tmp_path, mode, *street, "--sharded", "True", "--runtime.mode", mode, ranks=3)
@@ -136,3 +138,6 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     assert sum(c["ran_ahead"] for c in counters) > 0
     manifest = json.loads((folder / "odin_shards" / f"step-{ITERATIONS - 1:09d}.json").read_text())
     assert len(set(torch.tensor(manifest["bounds"]).diff().tolist())) > 1, "cut by load, the shards are uneven"
+    kept = sorted(path.name for path in (folder / "odin_shards").iterdir())
+    assert kept == [f"step-{ITERATIONS - 1:09d}.json", *manifest["files"]], "only the latest checkpoint is kept"
+    assert [p.name for p in (folder / "nerfstudio_models").iterdir()] == [f"step-{ITERATIONS - 1:09d}.ckpt"]
