@@ -9,6 +9,7 @@ that every replica accumulates them with the same per-task operations as the run
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ class SparseUpdate:
         """L2 norm of each row's gradient over all parameters, [M] float32 (the producer's gradient size)."""
         total = torch.zeros(self.rows.numel(), dtype=torch.float32, device=self.rows.device)
         for grad in self.grads.values():
-            total = total + grad.detach().reshape(grad.shape[0], -1).float().square().sum(dim=1)
+            total = total + grad.detach().reshape(grad.shape[0], math.prod(grad.shape[1:])).float().square().sum(dim=1)
         return total.sqrt()
 
 

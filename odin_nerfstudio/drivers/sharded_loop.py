@@ -1,11 +1,18 @@
 """The sharded mode's training loop: one schedule step per iteration, the same exchanges in the same order on every
 rank (``runtime/sharding.py`` says what each side does).
 
-Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality), else the whole fetch;
-(2) in quality-first, step s + 1's clean part and each of its tasks' "unsure" flag, fetched before step s is
-published; (3) its tasks of step s rendered; (4) the return of step s started; (5) while it travels, the tasks of
-step s + 1 that no owner is unsure of (running ahead of the publication, exact); (6) the owners' publication of step
-s. Barrier fetches step s + 1 only after (6): Grendel's synchronization, the reference.
+Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality, throughput), else the
+whole fetch; (2) in quality-first, step s + 1's clean part and each of its tasks' "unsure" flag, fetched before step
+s is published; (3) its tasks of step s rendered; (4) the return of step s started; (5) while it travels, the tasks
+of step s + 1 that no owner is unsure of (running ahead of the publication, exact); (6) the owners' publication of
+step s. Barrier fetches step s + 1 only after (6): Grendel's synchronization, the reference.
+
+Throughput-first adds bounded stale reads: with step s + 1's clean part come the rows of the unsure tasks' C(t) that
+step s may write, at their values before it, and each task's count of them; a task whose share of such rows is at
+most ``stale_fraction`` (and ``max_staleness`` >= 1) runs ahead on them (every rank learns which tasks did). When
+step s's gradients reach an owner, it applies the gradient rule to the rows read stale there (``Owner.judge``:
+magnitude below ``stale_grad_ratio`` x the mean over the step's rows it holds); a task that fails anywhere is re-run
+on the published state in the next iteration, with the rest of its rows.
 """
 
 from __future__ import annotations
@@ -23,8 +30,43 @@ from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, RowHandle, Rows, ShardCounters
 
-SHARDED_MODES = ("barrier", "quality")
+SHARDED_MODES = ("barrier", "quality", "throughput")
 """The modes the sharded loop runs."""
+
+
+@dataclass
+class _Ahead:
+    """A step fetched ahead, before the step before it is published.
+
+    Attributes:
+        fetched: its clean part (the rest follows once the step before is published).
+        unsure: per rank and task, whether this owner held back rows of it (it serves their rest).
+        stale: throughput-first: the clean part with the rows a stale read reads, else None.
+        admitted: throughput-first: per rank and task, whether it read stale (every rank's decision), else None.
+        failed: throughput-first: per rank and task, whether the gradient rule failed on this owner's rows.
+        held: throughput-first: per task of this rank, how many rows of its C(t) the step before may write.
+    """
+
+    fetched: FetchedStep
+    unsure: list[list[bool]]
+    stale: FetchedStep | None = None
+    admitted: list[list[bool]] | None = None
+    failed: list[list[bool]] | None = None
+    held: list[int] | None = None
+
+
+def _flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:
+    """Per rank and task flags as one bool tensor on ``device``, ranks in order."""
+    return torch.tensor([bool(f) for rank in flags for f in rank], dtype=torch.bool, device=device)
+
+
+def _unflat(flags: Tensor, tasks: Sequence[Sequence[Task]]) -> list[list[bool]]:
+    """:func:`_flat`'s inverse, given every rank's tasks."""
+    values, out, start = flags.tolist(), [], 0
+    for rank_tasks in tasks:
+        out.append([bool(v) for v in values[start : start + len(rank_tasks)]])
+        start += len(rank_tasks)
+    return out
 
 
 @dataclass
@@ -43,6 +85,7 @@ class ShardedLoop:
         gain: the adaptive batch rule (``core/batch_gain.py``), or None: after each publication every rank gathers
             the merged gradient's row norms (global-id order) and the ranks' tasks' norms (rank order), so every
             owner sets the gain the replicated publication sets, bit for bit.
+        stale_fraction, stale_grad_ratio, max_staleness: throughput-first's bounds (``OdinRuntimeConfig``'s).
     """
 
     owner: Owner
@@ -54,12 +97,15 @@ class ShardedLoop:
     last_step: int
     timeout_s: float
     gain: AdaptiveGain | None = None
+    stale_fraction: float = 0.2
+    stale_grad_ratio: float = 0.2
+    max_staleness: int = 4
 
     def __post_init__(self) -> None:
         if self.mode not in SHARDED_MODES:
-            raise ValueError(f"the sharded mode runs {' or '.join(SHARDED_MODES)}, not {self.mode!r}")
+            raise ValueError(f"the sharded mode runs {', '.join(SHARDED_MODES)}, not {self.mode!r}")
         self.counters = ShardCounters()
-        self._ahead: dict[int, tuple[FetchedStep, list[list[bool]]]] = {}
+        self._ahead: dict[int, _Ahead] = {}
 
     def iteration(self, step: int, may_run_ahead: bool = True) -> None:
         """Run step ``step`` on this rank (see the module); ``may_run_ahead``: nothing after it needs its
@@ -67,9 +113,9 @@ class ShardedLoop:
         tasks = self.step_tasks(step)
         fetched = self._fetch(step, tasks)
         ahead = None
-        if self.mode == "quality" and may_run_ahead and step < self.last_step:
+        if self.mode != "barrier" and may_run_ahead and step < self.last_step:
             ahead = self._fetch_clean(step + 1)
-        held = fetched.nbytes + (0 if ahead is None else ahead.nbytes)
+        held = fetched.nbytes + (0 if ahead is None else ahead.fetched.nbytes)
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
@@ -80,14 +126,22 @@ class ShardedLoop:
         stats_handle = self.exchange.start(stats, f"statistics of step {step}") if self.reader.keeps_stats else None
         if ahead is not None:
             for task in self.step_tasks(step + 1)[self.rank]:
-                if not ahead.unsure[task.index]:
-                    self._run(ahead, task)
-                    self.counters.ran_ahead += 1
+                if not ahead.fetched.unsure[task.index]:
+                    self._run(ahead.fetched, task)
+                elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
+                    self._run(ahead.stale, task)
+                    ahead.fetched.started.add(task.index)
+                    self.counters.stale_reads += int(ahead.held[task.index] > 0)
+                else:
+                    continue
+                self.counters.ran_ahead += 1
         received_stats = () if stats_handle is None else self._wait(stats_handle, step, "return")
         parts = self._wait(handle, step, "return")
         start = self.reader.meter.timeline.now()
         merged = self.owner.publish(step, parts, received_stats)
         self.reader.meter.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
+        if ahead is not None and ahead.admitted is not None:
+            ahead.failed = self.owner.judge(step + 1, merged, self.stale_grad_ratio)
         self.counters.publications += 1
         if self.gain is not None:
             self._observe_gain(step, merged, norms)
@@ -128,29 +182,72 @@ class ShardedLoop:
 
     def _fetch(self, step: int, tasks: Sequence[Sequence[Task]]) -> FetchedStep:
         """Step ``step``'s rows for this rank's tasks, every earlier step published: the whole read, or the rest
-        of a read fetched ahead."""
+        of a read fetched ahead (for the tasks that waited, and those read stale that must be re-run)."""
         if step not in self._ahead:
             pieces = self.owner.serve(self.owner.cull(step, tasks))
             received = self._exchange(pieces, f"fetch of step {step}", step)
             return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank]))
-        fetched, unsure = self._ahead.pop(step)
-        rest = self.owner.serve(self.owner.cull_rest(step, tasks, unsure))
-        fetched.add(self._exchange(rest, f"fetch of the rest of step {step}", step), self.owner.params)
-        return fetched
+        ahead = self._ahead.pop(step)
+        need = ahead.unsure
+        if ahead.admitted is not None:
+            local = ahead.failed if ahead.failed is not None else [[False] * len(t) for t in tasks]
+            device = self.owner.params["means"].device
+            verdicts = self._everyone(_flat(local, device), f"stale-read verdicts of step {step}", step)
+            failed = _unflat(torch.stack(verdicts).any(dim=0), tasks)
+            need = [
+                [doubt and (not admitted or rerun) for doubt, admitted, rerun in zip(d, a, f, strict=True)]
+                for d, a, f in zip(ahead.unsure, ahead.admitted, failed, strict=True)
+            ]
+            for index, rerun in enumerate(failed[self.rank]):
+                if rerun:
+                    ahead.fetched.started.discard(index)
+                    self.counters.reruns += 1
+        rest = self.owner.serve(self.owner.cull_rest(step, tasks, need))
+        ahead.fetched.add(self._exchange(rest, f"fetch of the rest of step {step}", step), self.owner.params)
+        return ahead.fetched
 
-    def _fetch_clean(self, step: int) -> FetchedStep:
+    def _fetch_clean(self, step: int) -> _Ahead:
         """Step ``step``'s clean part, before step - 1 is published, and each of this rank's tasks' unsure flag
-        (set where any owner may still send rows of it); kept for :meth:`_fetch`."""
+        (set where any owner may still send rows of it); in throughput-first also the rows a stale read would read
+        and which tasks read them. Kept for :meth:`_fetch`."""
         tasks = self.step_tasks(step)
-        clean, unsure = self.owner.cull_clean(step, tasks)
+        clean, unsure, stale = self.owner.cull_clean(step, tasks)
         received = self._exchange(self.owner.serve(clean), f"fetch of the clean part of step {step}", step - 1)
         device = self.owner.params["means"].device
-        flags = [{"ids": torch.tensor(doubt, dtype=torch.int64, device=device).reshape(-1)} for doubt in unsure]
+        flags = [
+            {
+                "ids": torch.tensor(doubt, dtype=torch.int64, device=device).reshape(-1),
+                "held": torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=device).reshape(-1),
+                "total": torch.tensor([r.numel() + c.numel() for r, c in zip(rows, kept)], device=device).reshape(-1),
+            }
+            for doubt, rows, kept in zip(unsure, stale, clean, strict=True)
+        ]
         doubts = self._exchange(flags, f"unsure flags of step {step}", step - 1)
         mine = torch.stack([d["ids"] for d in doubts]).any(dim=0)
         fetched = FetchedStep.of(received, self.owner.params, [bool(flag) for flag in mine.reshape(-1).tolist()])
-        self._ahead[step] = (fetched, unsure)
-        return fetched
+        ahead = _Ahead(fetched, unsure)
+        if self.mode == "throughput":
+            rows = self._exchange(self.owner.serve(stale), f"stale rows of step {step}", step - 1)
+            held = torch.stack([d["held"] for d in doubts]).sum(dim=0).double()
+            total = torch.stack([d["total"] for d in doubts]).sum(dim=0).double().clamp(min=1.0)
+            share = (held / total).tolist() if held.numel() else []
+            admitted = [
+                doubt and self.max_staleness >= 1 and fraction <= self.stale_fraction
+                for doubt, fraction in zip(fetched.unsure, share, strict=True)
+            ]
+            mine_flags = torch.tensor(admitted, dtype=torch.bool, device=device).reshape(-1)
+            everyone = self._everyone(mine_flags, f"stale-read admissions of step {step}", step - 1)
+            ahead.admitted = [part.tolist() for part in everyone]
+            ahead.held = [int(count) for count in held.tolist()]
+            self.owner.admit_stale(step, stale, ahead.admitted)
+            ahead.stale = fetched.joined(rows, self.owner.params)
+        self._ahead[step] = ahead
+        return ahead
+
+    def _everyone(self, values: Tensor, what: str, step: int) -> list[Tensor]:
+        """``values`` (one tensor, [n]) sent to every rank; every rank's, in rank order."""
+        parts = self._wait(self.exchange.start([{"ids": values}] * self.owner.cuts.num_shards, what), step, "fetch")
+        return [part["ids"] for part in parts]
 
     def _exchange(self, pieces: Sequence[Rows], what: str, step: int) -> list[Rows]:
         """One all-to-all of row tables during ``step``, waited for; counts the rows served and fetched."""

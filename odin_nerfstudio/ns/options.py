@@ -39,6 +39,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "replica_check_every": _integer_at_least(0),
     "read_behind_after": _integer_at_least(0),
     "rank0_work_timeout_s": _number(lambda v: v > 0, "a number of seconds > 0"),
+    "memory_cap_gib": _number(lambda v: v >= 0, "a number of GiB >= 0 (0: no cap)"),
     "pipeline.datamanager.views_per_step": _integer_at_least(1),
     "pipeline.datamanager.ring_size": _integer_at_least(1),
     "pipeline.datamanager.schedule_seed": _integer_at_least(0),

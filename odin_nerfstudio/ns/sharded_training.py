@@ -111,8 +111,11 @@ class ShardedTraining:
             else VirtualRowExchange(1).endpoint(0)
         )
         last_step = trainer._start_step + config.max_num_iterations - 1
-        self.loop = ShardedLoop(self.owner, self.reader, self.exchange, self.rank, lambda s: trainer._step_tasks(s)[0],
-                                runtime.mode, last_step, runtime.wait_timeout_s, gain)
+        self.loop = ShardedLoop(
+            self.owner, self.reader, self.exchange, self.rank, lambda s: trainer._step_tasks(s)[0], runtime.mode,
+            last_step, runtime.wait_timeout_s, gain, runtime.stale_fraction, runtime.stale_grad_ratio,
+            runtime.max_staleness,
+        )  # fmt: skip
         CONSOLE.log(f"Odin sharded: rank {self.rank} owns rows {cuts.range(self.rank)} of {cuts.num_rows}")
 
     def close(self) -> None:
@@ -159,12 +162,15 @@ class ShardedTraining:
             model.gauss_params[name] = new
             optimizer._state_of(new)
 
-    def iteration(self, step: int) -> None:
-        """Schedule step ``step`` on this rank, after the structural change due after step - 1."""
+    def iteration(self, step: int) -> bool:
+        """Schedule step ``step`` on this rank, after the structural change due after step - 1; returns whether one
+        ran."""
         strategy = self.trainer.pipeline.model.strategy
-        if step > 0 and structural_change_due(strategy, step - 1):
+        changed = step > 0 and structural_change_due(strategy, step - 1)
+        if changed:
             self.loop.restructure(strategy, step - 1, self.config.machine.seed, self.views())
         self.loop.iteration(step, self.trainer._may_run_ahead(step))
+        return changed
 
     def metrics(self) -> dict[str, float]:
         """The Gaussian count, this rank's shard and what it moved, for nerfstudio's writers."""
@@ -176,6 +182,8 @@ class ShardedTraining:
             "odin/rows_fetched": float(counters.rows_fetched),
             "odin/rows_returned": float(counters.rows_returned),
             "odin/ran_ahead": float(counters.ran_ahead),
+            "odin/stale_reads": float(counters.stale_reads),
+            "odin/reruns": float(counters.reruns),
             "odin/recuts": float(counters.recuts),
             "odin/cache_hits": float(counters.task_rows - counters.rows_fetched),
             "odin/bytes_sent": float(counters.bytes_sent),

@@ -59,6 +59,7 @@ from odin_nerfstudio.drivers.training_loop import LoopConfig, TrainingLoop
 from odin_nerfstudio.kernels.ops import scatter_in_order
 from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint, restore_strategy_state, save_trainer_checkpoint
 from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
+from odin_nerfstudio.ns.memory_cap import check_memory_cap
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
 from odin_nerfstudio.ns.sharded_training import ShardedTraining, find_sharded_checkpoint
 from odin_nerfstudio.ns.splat_runtime import (
@@ -136,6 +137,10 @@ class OdinTrainerConfig(TrainerConfig):
     fetches the rows its views read from their owners, so a scene larger than one worker trains (odin-train under
     torchrun, one shard per process; modes barrier and quality; `ns/sharded_training.py`). Off: every process holds
     the whole model (data parallel)."""
+    memory_cap_gib: float = 0.0
+    """Per process, the most GiB the Gaussians it holds may take (their parameters, Adam moments, per-row tables;
+    `ns/memory_cap.py`), checked before training and after every densification: a model over it stops with the
+    command that trains it (--sharded, more processes). 0: no cap."""
     cpu_threads: int = 0
     """Intra-op torch threads of each process on the CPU; 0: the plugin's rule (`ns/threads.py`: the cores this
     process may run on, shared among the ranks of its node). ODIN_CPU_THREADS sets it too; OMP_NUM_THREADS, when
@@ -186,7 +191,9 @@ class OdinTrainer(Trainer):
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
         if self.config.sharded:
             self.shards = ShardedTraining(self, self._renderer)
+            self._check_memory_cap("before training")
             return
+        self._check_memory_cap("before training")
         self.runtime = build_runtime(
             model,
             images,
@@ -300,11 +307,13 @@ class OdinTrainer(Trainer):
         """
         model = self.pipeline.model
         if self.shards is not None:
-            self.shards.iteration(step)
+            if self.shards.iteration(step):
+                self._check_memory_cap(f"after the densification of step {step - 1}")
         else:
             if step > 0 and structural_change_due(model.strategy, step - 1):
                 settle(self.runtime)
                 self.runtime.remap(structural_change(model, self.runtime, step - 1))
+                self._check_memory_cap(f"after the densification of step {step - 1}")
             self.loop.iteration(step, self._may_run_ahead(step))
             if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
                 self._check_replicas(step)
@@ -312,6 +321,13 @@ class OdinTrainer(Trainer):
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=model.device)
         logged = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
         return loss, {"main_loss": loss}, self._odin_metrics(timeline=logged)
+
+    def _check_memory_cap(self, when: str) -> None:
+        """``--memory-cap-gib`` against the Gaussians this process holds now (``ns/memory_cap.py``)."""
+        params = self.pipeline.model.gauss_params
+        held = params["means"].shape[0]
+        total = held if self.shards is None else self.shards.owner.cuts.num_rows
+        check_memory_cap(self.config.memory_cap_gib, params, held, total, self.shards is not None, when)
 
     def _step_tasks(self, step: int) -> tuple[list[list], int]:
         """Every schedule worker's runtime tasks of ``step`` and the length of its overlap window."""

@@ -10,6 +10,8 @@ ranks carry equal load, a row weighing 1 (its memory and Adam) plus the schedule
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +68,17 @@ class ShardCuts:
         """How many of ``sorted_ids`` (sorted int64 [M]) each shard owns: the split sizes of a message of them."""
         edges = torch.searchsorted(sorted_ids, self.bounds.to(sorted_ids.device))
         return edges.diff().tolist()
+
+
+BOUNDS_ROW_BYTES = 48
+"""A row's culling bounds on the worker that culls it: centre and radius (16 B) and its block index (about 32 B)."""
+
+
+def row_bytes(params: Mapping[str, Tensor]) -> int:
+    """The bytes one Gaussian costs the worker that holds it: its parameter row, its two Adam moments, its per-row
+    tables (three int64: ``core/tables.py``) and its culling bounds (:data:`BOUNDS_ROW_BYTES`)."""
+    values = sum(math.prod(p.shape[1:]) * p.element_size() for p in params.values())
+    return 3 * values + 3 * 8 + BOUNDS_ROW_BYTES
 
 
 def row_load(views_seeing: Tensor) -> Tensor:

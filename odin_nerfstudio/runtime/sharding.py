@@ -78,7 +78,10 @@ class ShardCounters:
         task_rows: rows its tasks read (the sum of |C(t)|): what a fetch per task would have moved.
         rows_served: rows this rank's shard sent to readers.
         rows_returned: gradient rows this rank sent to owners.
-        ran_ahead: tasks rendered before the previous step was published (on clean rows only).
+        ran_ahead: tasks rendered before the previous step was published (on clean rows, or stale ones admitted).
+        stale_reads: tasks that read rows of the unpublished step stale (throughput-first; a task admitted whose C(t)
+            held none of them, only rows that might move into it, runs ahead without counting here).
+        reruns: tasks read stale and re-run on the published state (the gradient rule failed).
         publications: steps this owner published.
         peak_fetched_bytes: the most bytes of fetched rows held at once (a step's, and the next one's clean part).
         restructures: structural changes (each re-orders the rows and moves those whose owner changed).
@@ -91,6 +94,8 @@ class ShardCounters:
     rows_served: int = 0
     rows_returned: int = 0
     ran_ahead: int = 0
+    stale_reads: int = 0
+    reruns: int = 0
     publications: int = 0
     peak_fetched_bytes: int = 0
     restructures: int = 0
@@ -137,6 +142,8 @@ class Owner:
         """Per unpublished step, its possible writes among this shard's rows (local, sorted): its tasks' C(t)."""
         self._held: dict[int, Tensor] = {}
         """Per step fetched ahead, the pending rows its clean part held back (local, sorted)."""
+        self._stale: dict[int, list[list[Tensor]]] = {}
+        """Per step fetched ahead, per rank and task, the rows read stale here (throughput-first; empty: none)."""
 
     @property
     def published_through(self) -> int:
@@ -171,21 +178,46 @@ class Owner:
 
     def cull_clean(
         self, step: int, tasks: Sequence[Sequence[Task]]
-    ) -> tuple[list[list[Tensor]], list[list[bool]]]:
+    ) -> tuple[list[list[Tensor]], list[list[bool]], list[list[Tensor]]]:
         """Before step - 1 is published: per rank and task of ``step``, the rows of its C(t) that step - 1 cannot
-        write (local, sorted), and whether a row step - 1 may write may end up in its C(t) (in its frustum widened
-        by the most the publication can move a row)."""
+        write (local, sorted), whether a row step - 1 may write may end up in its C(t) (in its frustum widened by
+        the most the publication can move a row), and the rows of its C(t) now that step - 1 may write (what a
+        stale read would read before their publication)."""
         pending = self._pending_before(step)
         mean_step = self.optimizers["means"].movement_bound(steps_ahead=1)
         reach = self.index.reach(mean_step, self.optimizers["scales"].movement_bound(steps_ahead=1))
-        clean, unsure = [], []
+        clean, unsure, stale = [], [], []
         for rank_tasks in tasks:
             rows = [self.index.candidates(task) for task in rank_tasks]
-            clean.append([r[~isin_sorted(r, pending)] if pending.numel() else r for r in rows])
+            held = [isin_sorted(r, pending) if pending.numel() else torch.zeros_like(r, dtype=torch.bool) for r in rows]
+            clean.append([r[~h] for r, h in zip(rows, held, strict=True)])
+            stale.append([r[h] for r, h in zip(rows, held, strict=True)])
             unsure.append([bool(pending.numel()) and self.index.any_meets(task, pending, reach) for task in rank_tasks])
         self._declare(step, clean)
         self._held[step] = pending
-        return clean, unsure
+        return clean, unsure, stale
+
+    def admit_stale(self, step: int, stale: Sequence[Sequence[Tensor]], admitted: Sequence[Sequence[bool]]) -> None:
+        """Tasks of ``step`` admitted to read ``stale`` rows before step - 1 is published (throughput-first): those
+        rows are their possible writes, and :meth:`judge` checks them once step - 1's gradients are here."""
+        kept = [[rows if ok else rows[:0] for rows, ok in zip(r, a, strict=True)] for r, a in zip(stale, admitted)]
+        self._declare(step, kept)
+        self._stale[step] = kept
+
+    def judge(self, step: int, merged: SparseUpdate, ratio: float) -> list[list[bool]]:
+        """Throughput-first's gradient rule, once step - 1's gradients reached this owner (``merged``, local rows):
+        per rank and task of ``step`` admitted stale, whether a row it read stale here has a gradient magnitude of
+        at least ``ratio`` x the mean over step - 1's rows here (then the task is re-run on the published state)."""
+        magnitude = merged.row_magnitude()
+        bound = ratio * float(magnitude.mean()) if magnitude.numel() else 0.0
+        failed = []
+        for rank_rows in self._stale.pop(step, []):
+            verdicts = []
+            for rows in rank_rows:
+                read = isin_sorted(merged.rows, rows) if rows.numel() else None
+                verdicts.append(read is not None and bool((magnitude[read] >= bound).any()))
+            failed.append(verdicts)
+        return failed
 
     def cull_rest(
         self, step: int, tasks: Sequence[Sequence[Task]], unsure: Sequence[Sequence[bool]]
@@ -292,6 +324,13 @@ class FetchedStep:
         rows = _concat(received, template)
         values = {name: rows[name] for name in template}
         return cls(rows["ids"], rows["masks"], rows["versions"], values, list(unsure))
+
+    def joined(self, received: Sequence[Rows], template: dict[str, Tensor]) -> FetchedStep:
+        """A copy with ``received`` rows (none of them held here) merged in: the clean part and the stale rows a
+        throughput-first read admits."""
+        copy = FetchedStep(self.ids, self.masks, self.versions, dict(self.values), list(self.unsure))
+        copy.add(received, template)
+        return copy
 
     def add(self, received: Sequence[Rows], template: dict[str, Tensor]) -> None:
         """The rest of the rows, sent after a publication (none of them was sent before): merged in id order;
