@@ -218,7 +218,9 @@ class ShardedLoop:
             {
                 "ids": torch.tensor(doubt, dtype=torch.int64, device=device).reshape(-1),
                 "held": torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=device).reshape(-1),
-                "total": torch.tensor([r.numel() + c.numel() for r, c in zip(rows, kept)], device=device).reshape(-1),
+                "total": torch.tensor(
+                    [r.numel() + c.numel() for r, c in zip(rows, kept)], dtype=torch.int64, device=device
+                ).reshape(-1),
             }
             for doubt, rows, kept in zip(unsure, stale, clean, strict=True)
         ]
