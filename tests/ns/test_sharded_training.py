@@ -154,3 +154,19 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     kept = sorted(path.name for path in (folder / "odin_shards").iterdir())
     assert kept == [f"step-{ITERATIONS - 1:09d}.json", *manifest["files"]], "only the latest checkpoint is kept"
     assert [p.name for p in (folder / "nerfstudio_models").iterdir()] == [f"step-{ITERATIONS - 1:09d}.ckpt"]
+
+
+@pytest.mark.slow
+def test_kermit_on_three_ranks_and_the_street_on_two_equal_the_replicated_barrier(tmp_path: Path) -> None:
+    """The other (scene, W) pairs: kermit_320 at W = 3 and the street at W = 2, sharded barrier against the
+    replicated barrier of as many virtual workers, across densifications; the shards were re-cut by load."""
+    street = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
+    for scene, workers in ((real_scene("kermit_320"), 3), (street, 2)):
+        name = f"{scene.name}{workers}"
+        virtual = ["--pipeline.datamanager.num-workers", str(workers), "--runtime.mode", "barrier"]
+        train(scene, tmp_path, f"{name}-virtual", *virtual)
+        train(scene, tmp_path, name, "--sharded", "True", "--runtime.mode", "barrier", ranks=workers)
+        assert_same_params(checkpoint(tmp_path, name), checkpoint(tmp_path, f"{name}-virtual"))
+        folder = run_folder(tmp_path, name)
+        counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(workers)]
+        assert all(c["restructures"] > 0 and c["recuts"] > 0 for c in counters)
