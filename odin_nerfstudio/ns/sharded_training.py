@@ -135,9 +135,7 @@ class ShardedTraining:
         if self.num_shards > 1:
             for tensor in full.values():
                 dist.broadcast(tensor, src=0)
-        restore_spatial_order(full, {}, None)
-        for name in GAUSSIAN_PARAMS:
-            params[name].data = full[name]
+        restore_spatial_order(full, {}, None)  # in place: the model's parameters share these tensors
         runtime = self.config.runtime
         index = CullingIndex(full, self.adapter, runtime.candidate_margin, runtime.near_plane)
         seen = torch.zeros(full["means"].shape[0], dtype=torch.int64, device=full["means"].device)
