@@ -15,6 +15,7 @@ from typing import Any
 
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 
 
@@ -78,8 +79,27 @@ def check_options(config: Any) -> None:
     workers = config.pipeline.datamanager.num_workers
     if workers is not None and not _integer_at_least(1)[0](workers):
         problems.append(f"{flag('pipeline.datamanager.num_workers')} {workers!r}: must be an integer >= 1 (or unset)")
+    if getattr(config, "sharded", False):
+        problems += _sharded_problems(config)
     if problems:
         raise OptionError("odin-splat: option(s) out of range: " + "; ".join(problems))
+
+
+def _sharded_problems(config: Any) -> list[str]:
+    """What ``--sharded`` does not run: the modes outside :data:`SHARDED_MODES`, and the emulated link, which sits
+    under the replicated exchange only."""
+    problems = []
+    if config.runtime.mode not in SHARDED_MODES:
+        problems.append(
+            f"{flag('runtime.mode')} {config.runtime.mode!r} with --sharded True: the sharded mode runs "
+            f"{', '.join(SHARDED_MODES)}"
+        )
+    if config.interconnect != "none":
+        problems.append(
+            f"--interconnect {config.interconnect!r} with --sharded True: the emulated link sits under the replicated "
+            "exchange only; leave it at none"
+        )
+    return problems
 
 
 def warn_if_step_exceeds_views(num_workers: int, views_per_step: int, num_views: int) -> bool:

@@ -37,7 +37,7 @@ from odin_nerfstudio.comm.inprocess import VirtualRowExchange
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import NO_STEP, Task
-from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES, ShardedLoop
+from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints, checkpoint_path, save_atomically
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
 from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
@@ -74,10 +74,6 @@ class ShardedTraining:
         model, datamanager = trainer.pipeline.model, trainer.pipeline.datamanager
         self.rank, self.num_shards = datamanager.rank, max(trainer.world_size, 1)
         schedule = datamanager.schedule.config
-        if config.runtime.mode not in SHARDED_MODES:
-            raise ValueError(
-                f"--sharded runs --runtime.mode {' or '.join(SHARDED_MODES)}, not {config.runtime.mode}"
-            )
         if schedule.num_workers != self.num_shards:
             raise ValueError(
                 f"--sharded runs one shard per process: the schedule has {schedule.num_workers} workers and the "

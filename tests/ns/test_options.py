@@ -80,3 +80,12 @@ def test_a_step_larger_than_the_scene_warns_naming_the_flag(capsys: pytest.Captu
     out = capsys.readouterr().out.replace("\n", " ")
     assert "--pipeline.datamanager.num-workers" in out and "9 train views" in out
     assert not warn_if_step_exceeds_views(4, 2, 9)
+
+
+def test_sharded_refuses_the_modes_and_the_link_it_does_not_run() -> None:
+    config = method_config("sharded", True)
+    check_options(config)
+    config.runtime.mode = "ddp"
+    config.interconnect = "10gbe"
+    with pytest.raises(OptionError, match=r"--runtime.mode 'ddp' with --sharded True.*--interconnect '10gbe'"):
+        check_options(config)
