@@ -63,10 +63,14 @@ class StaleReadSummary:
 
     @classmethod
     def of_counters(cls, counters: Mapping[str, Any] | Any) -> StaleReadSummary:
-        """From a runtime's counters (or their JSON dict): their tally of every stale read, else their records."""
+        """From a runtime's counters (or their JSON dict): their tally of every stale read, else their records; a
+        sharded run's counters count them (each one step stale, those re-run not kept)."""
         tally = _field(counters, "stale", None)
+        reads = _field(counters, "stale_reads")
+        if tally is None and isinstance(reads, int):
+            return cls(reads, reads - _field(counters, "reruns", 0), reads, int(reads > 0))
         if tally is None:
-            return cls.of(_field(counters, "stale_reads"))
+            return cls.of(reads)
         return cls(*(_field(tally, name) for name in ("admitted", "kept", "staleness_sum", "max_staleness")))
 
     @classmethod
@@ -284,9 +288,11 @@ class TimelineMeter:
         the stale reads and the validation failures that the timeline does not hold."""
         totals = self._totals
         span = (self._last_ns - self._first_ns) if self._first_ns is not None and self._last_ns is not None else 0
-        bookkeeping_ns = totals["publish"] if counters is None else _field(counters, "bookkeeping_ns")
+        # A sharded run's counters hold neither the bookkeeping time nor validation failures (its owners judge).
+        publish_ns = totals["publish"]
+        bookkeeping_ns = publish_ns if counters is None else _field(counters, "bookkeeping_ns", publish_ns)
         stale = StaleReadSummary() if counters is None else StaleReadSummary.of_counters(counters)
-        failures = {} if counters is None else _field(counters, "validation_failures")
+        failures = {} if counters is None else _field(counters, "validation_failures", {})
         conflicts = self._waits.get("raw", 0) + stale.admitted + sum(failures.get(k, 0) for k in CONFLICT_FAILURES)
         if counters is not None:
             conflicts += _field(counters, "behind_conflicts", 0)

@@ -5,12 +5,14 @@ run folders read back to the same figures."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from odin_nerfstudio.core.timeline import Event, Timeline
+from odin_nerfstudio.runtime.sharding import ShardCounters
 from odin_nerfstudio.core.timeline_metrics import (
     RunMetrics,
     TimelineMeter,
@@ -129,6 +131,23 @@ def test_reruns_conflicts_and_stale_reads_from_counters() -> None:
     assert run.fallback_rate == pytest.approx(0.5) and run.conflict_rate == pytest.approx(2.0)
     scalars = live_scalars(metrics)
     assert scalars["odin/fallback_rate"] == pytest.approx(0.5) and scalars["odin/stale_reads_kept"] == 1.0
+
+
+def test_a_sharded_ranks_counters_give_its_stale_reads_and_the_publish_spans_as_bookkeeping() -> None:
+    """The sharded mode's counters (``runtime/sharding.ShardCounters``) count stale reads and re-runs, and hold no
+    bookkeeping time or validation failures: the figures still come out (``odin-timeline`` on a sharded run)."""
+    events = by_end(
+        [
+            *task(0, 10, 10, 0, 5),
+            span("wait", 20, 22, 1, reason="fetch"),
+            span("publish", 22, 23, 0, worker=-1),
+            *task(23, 10, 10, 1, 6),
+        ]
+    )
+    counters = dataclasses.asdict(ShardCounters(stale_reads=3, reruns=1, ran_ahead=2))
+    metrics = rank_metrics(0, events, counters)
+    assert (metrics.stale.admitted, metrics.stale.kept, metrics.stale.max_staleness) == (3, 2, 1)
+    assert metrics.bookkeeping_s == pytest.approx(0.001), "the publish span, a lower bound"
 
 
 def test_incremental_meter_equals_one_shot() -> None:

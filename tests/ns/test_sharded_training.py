@@ -94,6 +94,8 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
                 assert torch.equal(moments[f"{param}.{key}"], state["state"][0][key]), (name, param, key)
     counters = json.loads((run_folder(tmp_path, "barrier") / "odin_counters_rank0.json").read_text())
     assert counters["restructures"] > 0 and counters["rows_fetched"] > 0
+    drawn = run_cli("odin-timeline", str(run_folder(tmp_path, "quality")))
+    assert "views/s" in drawn.stdout and (run_folder(tmp_path, "quality") / "odin_timeline.png").exists()
 
     # Resume the sharded barrier from its checkpoint of step 7, across the later refinements.
     models = run_folder(tmp_path, "barrier") / "nerfstudio_models"
