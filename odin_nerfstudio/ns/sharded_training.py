@@ -43,7 +43,7 @@ from odin_nerfstudio.ns.rank0_work import wait_for_rank0
 from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
-from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load
+from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load, views_seeing
 from odin_nerfstudio.runtime.sharding import Owner, Reader
 
 SHARDS_FOLDER = "odin_shards"
@@ -134,10 +134,7 @@ class ShardedTraining:
         restore_spatial_order(full, {}, None)  # in place: the model's parameters share these tensors
         runtime = self.config.runtime
         index = CullingIndex(full, self.adapter, runtime.candidate_margin, runtime.near_plane)
-        seen = torch.zeros(full["means"].shape[0], dtype=torch.int64, device=full["means"].device)
-        for view in self.views():
-            seen[index.candidates(view)] += 1
-        return cut_by_load(row_load(seen).cpu(), self.num_shards)
+        return cut_by_load(row_load(views_seeing(index, self.views())).cpu(), self.num_shards)
 
     def views(self) -> list[Task]:
         """One task per training view (an epoch's views), whose candidate sets weigh the rows for the cuts."""

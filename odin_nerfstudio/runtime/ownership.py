@@ -11,11 +11,14 @@ ranks carry equal load, a row weighing 1 (its memory and Adam) plus the schedule
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.runtime.culling_index import CullingIndex
 
 RECUT_LIMIT = 1.1
 """Re-cut the shards when max / min shard load exceeds this."""
@@ -69,6 +72,11 @@ class ShardCuts:
         edges = torch.searchsorted(sorted_ids, self.bounds.to(sorted_ids.device))
         return edges.diff().tolist()
 
+    def split(self, table: Mapping[str, Tensor], ids: str = "ids") -> list[dict[str, Tensor]]:
+        """A table of per-row tensors whose ``ids`` column is sorted, cut into one piece per owner (views, no copy)."""
+        counts = self.counts(table[ids])
+        return [dict(zip(table, parts)) for parts in zip(*(value.split(counts) for value in table.values()))]
+
 
 BOUNDS_ROW_BYTES = 48
 """A row's culling bounds on the worker that culls it: centre and radius (16 B) and its block index (about 32 B)."""
@@ -79,6 +87,16 @@ def row_bytes(params: Mapping[str, Tensor]) -> int:
     tables (three int64: ``core/tables.py``) and its culling bounds (:data:`BOUNDS_ROW_BYTES`)."""
     values = sum(math.prod(p.shape[1:]) * p.element_size() for p in params.values())
     return 3 * values + 3 * 8 + BOUNDS_ROW_BYTES
+
+
+def views_seeing(index: CullingIndex, views: Iterable[Task]) -> Tensor:
+    """Per row of ``index``'s model, how many of ``views`` hold it in their candidate set, int64 [N]: the counts a
+    row's load is made of (every training view once: an epoch)."""
+    bounds = index.bounds()
+    seen = torch.zeros(bounds.num_rows, dtype=torch.int64, device=bounds.radii.device)
+    for view in views:
+        seen[index.candidates(view)] += 1
+    return seen
 
 
 def row_load(views_seeing: Tensor) -> Tensor:

@@ -33,7 +33,7 @@ from odin_nerfstudio.core.row_order import codes_in, morton_frame, sample_stride
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import NO_STEP, Task
 from odin_nerfstudio.runtime.culling_index import CullingIndex
-from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, needs_recut, row_load
+from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, needs_recut, row_load, views_seeing
 from odin_nerfstudio.runtime.sharding import Owner, Reader, RowExchange, Rows
 
 
@@ -76,7 +76,8 @@ def restructure(
     sample_at = torch.cat([part["ids"] for part in samples])
     centres = torch.cat([part["centres"] for part in samples])[torch.argsort(sample_at)]
     codes = codes_in(means.T, morton_frame(centres.T))
-    seen = _views_seeing(owner, views)
+    index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)  # the edited rows
+    seen = views_seeing(index, views)
     coded = everyone({"ids": codes, "seen": seen}, "Z-order codes and loads")
     all_codes = torch.cat([part["ids"] for part in coded])
     order = before[torch.argsort(all_codes[before], stable=True)]  # new id -> row, as restore_spatial_order sorts
@@ -108,11 +109,7 @@ def _move(
     per_row = _per_row_state(owner)
     for key in per_row:
         table[f"state.{key}"] = owner.strategy_state[key][order]
-    pieces, start = [], 0
-    for count in cuts.counts(table["ids"]):
-        pieces.append({key: value[start : start + count] for key, value in table.items()})
-        start += count
-    received = exchange.start(pieces, what).wait(timeout_s)
+    received = exchange.start(cuts.split(table), what).wait(timeout_s)
     merged = {key: torch.cat([part[key] for part in received]) for key in table}
     order = torch.argsort(merged["ids"])
     merged = {key: value[order] for key, value in merged.items()}
@@ -136,15 +133,6 @@ def _move(
     owner.cuts, reader.cuts = cuts, cuts
     owner.lo = cuts.range(owner.rank)[0]
     owner.index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)
-
-
-def _views_seeing(owner: Owner, views: Sequence[Task]) -> Tensor:
-    """Per row of ``owner`` (as edited), how many of ``views`` hold it in their candidate set, int64 [n]."""
-    index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)
-    seen = torch.zeros(owner.params["means"].shape[0], dtype=torch.int64, device=owner.params["means"].device)
-    for view in views:
-        seen[index.candidates(view)] += 1
-    return seen
 
 
 def _per_row_state(owner: Owner) -> Sequence[str]:

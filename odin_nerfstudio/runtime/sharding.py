@@ -27,7 +27,7 @@ the one before and stays equal to the barrier bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -420,12 +420,7 @@ class Reader:
             self.shadow.open(step)
         update = self.shadow.local_update(step, worker, self.template)
         self.shadow.free(step)
-        pieces, start = [], 0
-        for count in self.cuts.counts(update.rows):
-            piece = {"ids": update.rows[start : start + count]}
-            piece.update({name: grad[start : start + count] for name, grad in update.grads.items()})
-            pieces.append(piece)
-            start += count
+        pieces = self.cuts.split({"ids": update.rows, **update.grads})
         return pieces, self._stats_by_owner(update.stats), update.sq_norms
 
     def _stats_by_owner(self, stats: Sequence[dict[str, Tensor]]) -> list[Rows]:
