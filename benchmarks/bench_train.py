@@ -69,8 +69,19 @@ VARIANTS = {
     "quality-random": ("--runtime.mode", "quality", "--pipeline.datamanager.schedule-order", "random"),
     "throughput": ("--runtime.mode", "throughput"),
     "hogwild": ("--runtime.mode", "hogwild"),
+    "sharded-barrier": ("--sharded", "True", "--runtime.mode", "barrier"),
+    "sharded-quality": ("--sharded", "True", "--runtime.mode", "quality"),
+    "sharded-throughput": ("--sharded", "True", "--runtime.mode", "throughput"),
 }
-"""Each variant's flags: Odin's modes and the paper's controls."""
+"""Each variant's flags: Odin's modes and the paper's controls, replicated and sharded (mixed parallel)."""
+REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-")]
+"""The variants run by default (the sharded ones are asked for by name, and published in their own section)."""
+
+
+def reference(mode: str) -> str:
+    """The variant a mode's ratios are taken against: the barrier of its own kind (Grendel's synchronization for
+    the sharded modes)."""
+    return "sharded-barrier" if mode.startswith("sharded-") else "barrier"
 
 
 @dataclass
@@ -128,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gaussians", type=int, default=100_000, help="Gaussians of the procedural world")
     parser.add_argument("--points", type=int, default=20_000, help="Gaussian centres offered as SfM points")
     parser.add_argument("--iterations", type=int, default=120, help="schedule steps per run")
-    parser.add_argument("--modes", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), help="variants to run")
+    parser.add_argument("--modes", nargs="*", default=REPLICATED, choices=list(VARIANTS), help="variants to run")
     parser.add_argument("--dense", action=argparse.BooleanOptionalAction, default=True, help="also the dense scene")
     parser.add_argument("--dense-modes", nargs="*", default=["ddp", "barrier", "quality"], choices=list(VARIANTS))
     parser.add_argument(
@@ -142,6 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="rounds: every variant runs once per round")
     parser.add_argument("--quick", action="store_true", help="small scene, a few steps, one round, print only")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
+    parser.add_argument(
+        "--section", default=NAME, help="the section of the markdown file to replace (bench_train_sharded: ...)"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     args.interconnect = args.interconnect.split(",")
@@ -243,6 +257,8 @@ def per_rank(values: list[float]) -> str:
 def failures(run: ModeRun) -> str:
     """Validation failures summed over ranks, by kind."""
     kinds = ("stale", "candidate", "escape")
+    if not all("validation_failures" in c for c in run.counters):  # sharded: only stale reads fail, and re-run
+        return f"{sum(c['reruns'] for c in run.counters)}, -, -"
     return ", ".join(str(sum(c["validation_failures"].get(kind, 0) for c in run.counters)) for kind in kinds)
 
 
@@ -263,7 +279,9 @@ def early(run: ModeRun) -> str:
 
 def behind(run: ModeRun) -> str:
     """Steps read behind (waiting for the step before without trying first) over the ranks, and how many of their
-    reads would have met a conflict."""
+    reads would have met a conflict ("-" where the mode does not read behind)."""
+    if not all("read_behind" in c for c in run.counters):
+        return "-"
     return f"{sum(c['read_behind'] for c in run.counters)}; {sum(c['behind_conflicts'] for c in run.counters)}"
 
 
@@ -279,10 +297,11 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
     views_per_s = _rounds(*variant.per_round(lambda r: r.metrics.views_per_s), "{:.2f}")
     bound = _rounds(*variant.per_round(lambda r: r.metrics.bound_share), "{:.0%}")
     exposed = _rounds(*variant.per_round(lambda r: r.metrics.exposed_wait_per_view_s * 1e3), "{:.1f} ms")
-    relative = hidden = "-"
+    relative = equal = hidden = "-"
     if barrier is not None and barrier is not variant:
         ratio = variant.against(barrier, lambda r, b: r.metrics.views_per_s / b.metrics.views_per_s)
         relative = _rounds(*ratio, "{:.2f}x")
+        equal = _rounds(*variant.against(barrier, lambda r, b: r.metrics.bound_share / b.metrics.bound_share), "{:.2f}x")
         share = variant.against(barrier, lambda r, b: r.metrics.hidden_wait(b.metrics) or 0.0)
         hidden = _rounds(*share, "**{:.0%}**")
     return [
@@ -290,6 +309,7 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ("training span, longest rank, median run", f"{metrics.span_s:.1f} s"),
         ("**views/s**, median (each round)", f"**{views_per_s}**"),
         ("views/s relative to barrier, same round: median (each round)", relative),
+        ("**at equal compute**: share of own wait-free bound relative to barrier's, same round", f"**{equal}**"),
         ("wait-free bound (views / largest rank compute), median run", f"{metrics.wait_free_views_per_s:.2f} views/s"),
         ("**share of the wait-free bound**, median (each round)", f"**{bound}**"),
         ("idle share per rank (outside compute), median run", per_rank([r.idle_share for r in ranks])),
@@ -310,16 +330,29 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
             early(run),
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
+        ("sharded: bytes sent per rank per step (to the collectives); rows served, fetched per step", shard_bytes(run)),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),
         ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.typical.psnr - 1:+.1%}"),
         ("wall time of the command (start-up included), median run", f"{run.wall_s:.0f} s"),
     ]
 
 
+def shard_bytes(run: ModeRun) -> str:
+    """A sharded run's bytes sent per rank per step and rows served and fetched per step (over the ranks); "-" for a
+    replicated run."""
+    if not all("bytes_sent" in c for c in run.counters):
+        return "-"
+    steps = max(max(c["publications"] for c in run.counters), 1)
+    sent = sum(c["bytes_sent"] for c in run.counters) / len(run.counters) / steps
+    served = sum(c["rows_served"] for c in run.counters) / steps
+    fetched = sum(c["rows_fetched"] for c in run.counters) / steps
+    return f"{sent / 1024:.0f} KiB; {served:.0f}, {fetched:.0f}"
+
+
 def table(variants: list[Variant]) -> list[str]:
-    """One interconnect's variants side by side, a column per variant."""
-    barrier = next((variant for variant in variants if variant.mode == "barrier"), None)
-    columns = [mode_rows(variant, barrier) for variant in variants]
+    """One interconnect's variants side by side, a column per variant; ratios against the barrier of each one's kind."""
+    by_mode = {variant.mode: variant for variant in variants}
+    columns = [mode_rows(variant, by_mode.get(reference(variant.mode))) for variant in variants]
     lines = [f"| figure | {' | '.join(variant.mode for variant in variants)} |", f"|---|{'---|' * len(variants)}"]
     for index, (name, _) in enumerate(columns[0]):
         lines.append(f"| {name} | {' | '.join(column[index][1] for column in columns)} |")
@@ -339,8 +372,11 @@ def interconnect_title(name: str) -> str:
 
 def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
     """The markdown section (without markers): one table per scene and interconnect."""
+    title = "Odin's modes against the paper's controls"
+    if any(run.mode.startswith("sharded-") for run in runs):
+        title = "sharded (mixed parallel) modes against the sharded barrier (Grendel's synchronization)"
     lines = [
-        "## bench_train: odin-splat on W processes, Odin's modes against the paper's controls",
+        f"## {args.section}: odin-splat on W processes, {title}",
         "",
         f"Command: `{command}`  ",
         (
@@ -355,7 +391,9 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             f"held out. {args.iterations} schedule steps per run through `torchrun ... odin-train odin-splat`, then "
             "ns-eval's `ComputePSNR`. Variants: "
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
-            + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them."
+            + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
+            "of the variant's kind (sharded variants against `sharded-barrier`). At equal compute: each run's share of "
+            "its own wait-free bound over the barrier's, which factors out how fast the machine computed in each run."
         ),
     ]
     for scene in dict.fromkeys(run.scene for run in runs):
@@ -389,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(args, command, runs)
     if failed:
         text += "\n\nRuns that failed (their error's last line):\n\n" + "\n".join(f"- {line}" for line in failed)
-    publish(NAME, text, None if args.no_write else args.output)
+    publish(args.section, text, None if args.no_write else args.output)
 
 
 if __name__ == "__main__":

@@ -349,6 +349,15 @@ class TableHandle:
     def __init__(self, handle: RowHandle, layout: RowLayout) -> None:
         self.handle, self.layout = handle, layout
 
+    @property
+    def bytes(self) -> RowBytes | None:
+        """Its bytes, once done."""
+        return self.handle.bytes
+
+    def done(self) -> bool:
+        """Never blocks: whether the tables are in."""
+        return self.handle.done()
+
     def wait(self, timeout: float) -> list[dict[str, Tensor]]:
         """Per source rank, in rank order, the table it sent this rank."""
         return [unpack_rows(buffer, self.layout) for buffer in self.handle.wait(timeout)]

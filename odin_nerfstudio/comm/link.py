@@ -180,7 +180,7 @@ class StoreBoard:
     """An :class:`ArrivalBoard` on a torch.distributed key-value store (default: the process group's own), one per
     rank.
 
-    Each rank sets ``link/<step>/<rank>``; the last rank to read a step (an atomic counter) deletes its keys. The
+    Each rank sets ``odin/<namespace>/<step>/<rank>``; the last rank to read a step (an atomic counter) deletes its keys. The
     store is a side channel: it never issues a collective, so the ranks' collectives keep their order. Its round trips
     run in the board's daemon thread, in the order of the posts: ``post`` queues this rank's post, the thread sets it,
     reads every rank's (the store's get waits for keys not set yet, at most the store's timeout) and keeps them for
@@ -188,10 +188,10 @@ class StoreBoard:
     a rank that waits on it.
     """
 
-    def __init__(self, world_size: int, store: Any = None) -> None:
+    def __init__(self, world_size: int, store: Any = None, namespace: str = "link") -> None:
         import torch.distributed as dist
 
-        self.world_size = world_size
+        self.world_size, self.namespace = world_size, namespace
         self._store = store if store is not None else dist.distributed_c10d._get_default_store()
         self._queue: queue.SimpleQueue[tuple[int, int, str]] = queue.SimpleQueue()
         self._read = threading.Condition()
@@ -199,7 +199,7 @@ class StoreBoard:
         self._thread: threading.Thread | None = None
 
     def _key(self, step: int, rank: int) -> str:
-        return f"odin/link/{step}/{rank}"
+        return f"odin/{self.namespace}/{step}/{rank}"
 
     def post(self, step: int, worker: int, sent_s: float, arrival_s: float) -> None:
         if self._thread is None:
@@ -243,8 +243,9 @@ class StoreBoard:
         for value in self._store.multi_get(keys):
             sent, arrival = (float(part) for part in bytes(value).decode().split())
             posts.append((sent, arrival))
-        if self._store.add(f"odin/link/{step}/read", 1) == self.world_size:
-            for key in [*keys, f"odin/link/{step}/read"]:
+        counter = f"odin/{self.namespace}/{step}/read"
+        if self._store.add(counter, 1) == self.world_size:
+            for key in [*keys, counter]:
                 self._store.delete_key(key)
         return posts
 
@@ -253,8 +254,8 @@ class LinkedHandle:
     """An exchange in flight on a modeled link: done once the real exchange is done and its delivery time passed;
     its first part (where a worker asked for rows first) once that part is in and its own delivery time passed."""
 
-    def __init__(self, inner: ExchangeHandle, step: int, transport: LinkedTransport) -> None:
-        self.step = step
+    def __init__(self, inner: ExchangeHandle, step: int, transport: LinkedTransport, what: str = "") -> None:
+        self.step, self.what = step, what or f"step {step}"
         self.inner = inner
         self._transport = transport
         self._posts: list[Post] | None = None
@@ -324,7 +325,7 @@ class LinkedHandle:
             left = timeout - (clock() - start)
             if remaining > left:
                 raise TimeoutError(
-                    f"{what} of step {self.step}: the modeled link ({self._transport.link.name}) delivers in "
+                    f"{what} of {self.what}: the modeled link ({self._transport.link.name}) delivers in "
                     f"{remaining:.3g} s, more than the {max(left, 0.0):.3g} s left of the wait"
                 )
             self._transport.sleep(remaining)

@@ -2,10 +2,11 @@
 rank (``runtime/sharding.py`` says what each side does).
 
 Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality, throughput), else the
-whole fetch; (2) in quality-first, step s + 1's clean part and each of its tasks' "unsure" flag, fetched before step
-s is published; (3) its tasks of step s rendered; (4) the return of step s started; (5) while it travels, the tasks
-of step s + 1 that no owner is unsure of (running ahead of the publication, exact); (6) the owners' publication of
-step s. Barrier fetches step s + 1 only after (6): Grendel's synchronization, the reference.
+whole fetch; (2) in quality-first, the fetch of step s + 1's clean part and each of its tasks' "unsure" flag
+started, before step s is published; (3) its tasks of step s rendered while (2) travels; (4) the return of step s
+started, then (2) waited for; (5) while the return travels, the tasks of step s + 1 that no owner is unsure of
+(running ahead of the publication, exact); (6) the owners' publication of step s. Barrier fetches step s + 1 only
+after (6): Grendel's synchronization, the reference.
 
 Throughput-first adds bounded stale reads: with step s + 1's clean part come the rows of the unsure tasks' C(t) that
 step s may write, at their values before it, and each task's count of them; a task whose share of such rows is at
@@ -53,6 +54,29 @@ class _Ahead:
     admitted: list[list[bool]] | None = None
     failed: list[list[bool]] | None = None
     held: list[int] | None = None
+
+
+@dataclass
+class _Clean:
+    """A clean part in flight (:meth:`ShardedLoop._start_clean`): what was culled and the exchanges carrying it.
+
+    Attributes:
+        step: the step fetched ahead.
+        served: the clean rows served (``Owner.serve`` of ``Owner.cull_clean``'s clean rows).
+        unsure, stale: ``Owner.cull_clean``'s unsure flags and stale-read rows (per rank and task).
+        stale_served: throughput-first: the stale-read rows served, else empty.
+        rows, doubts: the clean rows' and the unsure flags' exchanges.
+        stale_rows: throughput-first: the stale-read rows' exchange, else None.
+    """
+
+    step: int
+    served: list[Rows]
+    unsure: list[list[bool]]
+    stale: list[list[Tensor]]
+    stale_served: list[Rows]
+    rows: RowHandle
+    doubts: RowHandle
+    stale_rows: RowHandle | None
 
 
 def _flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:
@@ -112,11 +136,9 @@ class ShardedLoop:
         synchronous state (a structural change does: the caller's to say, the same on every rank)."""
         tasks = self.step_tasks(step)
         fetched = self._fetch(step, tasks)
-        ahead = None
+        pending = None
         if self.mode != "barrier" and may_run_ahead and step < self.last_step:
-            ahead = self._fetch_clean(step + 1)
-        held = fetched.nbytes + (0 if ahead is None else ahead.fetched.nbytes)
-        self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
+            pending = self._start_clean(step + 1)  # in flight while this step's tasks render
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
@@ -124,6 +146,9 @@ class ShardedLoop:
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
         handle = self.exchange.start(returns, f"return of step {step}")
         stats_handle = self.exchange.start(stats, f"statistics of step {step}") if self.reader.keeps_stats else None
+        ahead = None if pending is None else self._finish_clean(pending)
+        held = fetched.nbytes + (0 if ahead is None else ahead.fetched.nbytes)
+        self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         if ahead is not None:
             for task in self.step_tasks(step + 1)[self.rank]:
                 if not ahead.fetched.unsure[task.index]:
@@ -206,30 +231,43 @@ class ShardedLoop:
         ahead.fetched.add(self._exchange(rest, f"fetch of the rest of step {step}", step), self.owner.params)
         return ahead.fetched
 
-    def _fetch_clean(self, step: int) -> _Ahead:
-        """Step ``step``'s clean part, before step - 1 is published, and each of this rank's tasks' unsure flag
-        (set where any owner may still send rows of it); in throughput-first also the rows a stale read would read
-        and which tasks read them. Kept for :meth:`_fetch`."""
+    def _start_clean(self, step: int) -> _Clean:
+        """Start fetching step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure
+        flags (set where any owner may still send rows of it), and in throughput-first the rows a stale read would
+        read; :meth:`_finish_clean` waits for them."""
         tasks = self.step_tasks(step)
         clean, unsure, stale = self.owner.cull_clean(step, tasks)
-        received = self._exchange(self.owner.serve(clean), f"fetch of the clean part of step {step}", step - 1)
+        served = self.owner.serve(clean)
+        rows = self.exchange.start(served, f"fetch of the clean part of step {step}")
         device = self.owner.params["means"].device
         flags = [
             {
                 "ids": torch.tensor(doubt, dtype=torch.int64, device=device).reshape(-1),
-                "held": torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=device).reshape(-1),
+                "held": torch.tensor([r.numel() for r in held], dtype=torch.int64, device=device).reshape(-1),
                 "total": torch.tensor(
-                    [r.numel() + c.numel() for r, c in zip(rows, kept)], dtype=torch.int64, device=device
+                    [r.numel() + c.numel() for r, c in zip(held, kept)], dtype=torch.int64, device=device
                 ).reshape(-1),
             }
-            for doubt, rows, kept in zip(unsure, stale, clean, strict=True)
+            for doubt, held, kept in zip(unsure, stale, clean, strict=True)
         ]
-        doubts = self._exchange(flags, f"unsure flags of step {step}", step - 1)
+        doubts = self.exchange.start(flags, f"unsure flags of step {step}")
+        stale_served, stale_rows = [], None
+        if self.mode == "throughput":
+            stale_served = self.owner.serve(stale)
+            stale_rows = self.exchange.start(stale_served, f"stale rows of step {step}")
+        return _Clean(step, served, unsure, stale, stale_served, rows, doubts, stale_rows)
+
+    def _finish_clean(self, pending: _Clean) -> _Ahead:
+        """Wait for a clean part :meth:`_start_clean` started (counted as a fetch of the step before); in
+        throughput-first, decide which unsure tasks read stale (every rank learns which). Kept for :meth:`_fetch`."""
+        step, device = pending.step, self.owner.params["means"].device
+        received = self._received(pending.rows, pending.served, step - 1)
+        doubts = self._wait(pending.doubts, step - 1, "fetch")
         mine = torch.stack([d["ids"] for d in doubts]).any(dim=0)
         fetched = FetchedStep.of(received, self.owner.params, [bool(flag) for flag in mine.reshape(-1).tolist()])
-        ahead = _Ahead(fetched, unsure)
-        if self.mode == "throughput":
-            rows = self._exchange(self.owner.serve(stale), f"stale rows of step {step}", step - 1)
+        ahead = _Ahead(fetched, pending.unsure)
+        if pending.stale_rows is not None:
+            rows = self._received(pending.stale_rows, pending.stale_served, step - 1)
             held = torch.stack([d["held"] for d in doubts]).sum(dim=0).double()
             total = torch.stack([d["total"] for d in doubts]).sum(dim=0).double().clamp(min=1.0)
             share = (held / total).tolist() if held.numel() else []
@@ -241,7 +279,7 @@ class ShardedLoop:
             everyone = self._everyone(mine_flags, f"stale-read admissions of step {step}", step - 1)
             ahead.admitted = [part.tolist() for part in everyone]
             ahead.held = [int(count) for count in held.tolist()]
-            self.owner.admit_stale(step, stale, ahead.admitted)
+            self.owner.admit_stale(step, pending.stale, ahead.admitted)
             ahead.stale = fetched.joined(rows, self.owner.params)
         self._ahead[step] = ahead
         return ahead
@@ -253,7 +291,11 @@ class ShardedLoop:
 
     def _exchange(self, pieces: Sequence[Rows], what: str, step: int) -> list[Rows]:
         """One all-to-all of row tables during ``step``, waited for; counts the rows served and fetched."""
-        received = self._wait(self.exchange.start(pieces, what), step, "fetch")
+        return self._received(self.exchange.start(pieces, what), pieces, step)
+
+    def _received(self, handle: RowHandle, pieces: Sequence[Rows], step: int) -> list[Rows]:
+        """A fetch of ``pieces`` during ``step`` waited for; counts the rows served and fetched."""
+        received = self._wait(handle, step, "fetch")
         if pieces and "masks" in pieces[0]:
             self.counters.rows_served += sum(int(piece["ids"].numel()) for piece in pieces)
             self.counters.rows_fetched += sum(int(part["ids"].numel()) for part in received)
@@ -266,7 +308,7 @@ class ShardedLoop:
         start = timeline.now()
         received = handle.wait(self.timeout_s)
         timeline.record("wait", self.rank, step, start, {"reason": reason})
-        spent = getattr(getattr(handle, "handle", None), "bytes", None)
+        spent = getattr(handle, "bytes", None)
         if spent is not None:
             self.counters.bytes_sent += spent.sent
             self.counters.bytes_received += spent.received

@@ -86,18 +86,12 @@ def check_options(config: Any) -> None:
 
 
 def _sharded_problems(config: Any) -> list[str]:
-    """What ``--sharded`` does not run: the modes outside :data:`SHARDED_MODES`, and the emulated link, which sits
-    under the replicated exchange only."""
+    """What ``--sharded`` does not run: the modes outside :data:`SHARDED_MODES`."""
     problems = []
     if config.runtime.mode not in SHARDED_MODES:
         problems.append(
             f"{flag('runtime.mode')} {config.runtime.mode!r} with --sharded True: the sharded mode runs "
             f"{', '.join(SHARDED_MODES)}"
-        )
-    if config.interconnect != "none":
-        problems.append(
-            f"--interconnect {config.interconnect!r} with --sharded True: the emulated link sits under the replicated "
-            "exchange only; leave it at none"
         )
     return problems
 

@@ -34,6 +34,8 @@ from torch import Tensor
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter, structural_change_due
 from odin_nerfstudio.comm.all_to_all import RowAllToAll, TableAllToAll
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange
+from odin_nerfstudio.comm.link import link_preset
+from odin_nerfstudio.comm.row_link import linked_rows
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import NO_STEP, Task
@@ -106,6 +108,9 @@ class ShardedTraining:
             if self.num_shards > 1
             else VirtualRowExchange(1).endpoint(0)
         )
+        link = link_preset(config.interconnect)
+        if link is not None:
+            self.exchange = linked_rows(self.exchange, link, self.rank, self.num_shards)
         last_step = trainer._start_step + config.max_num_iterations - 1
         self.loop = ShardedLoop(
             self.owner, self.reader, self.exchange, self.rank, lambda s: trainer._step_tasks(s)[0], runtime.mode,
@@ -116,8 +121,9 @@ class ShardedTraining:
 
     def close(self) -> None:
         """Stop the row exchange's progress thread (before the process group is destroyed)."""
-        if isinstance(self.exchange, TableAllToAll):
-            self.exchange.close()
+        close = getattr(self.exchange, "close", None)
+        if close is not None:
+            close()
 
     @property
     def meter(self) -> Meter:

@@ -125,9 +125,10 @@ class OdinTrainerConfig(TrainerConfig):
     attempts' culls and checks, the running ahead's and the ask for rows first; a read behind that would not have
     conflicted ends the streak (`drivers/step_loop.py`). 0: never."""
     interconnect: InterconnectName = "none"
-    """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`): each message
-    delayed by latency + bytes / bandwidth of a preset (10gbe, pcie), for benchmarks on a machine whose loopback makes
-    communication free. none: the real transport only."""
+    """An emulated link under every exchange, the same for every mode (`odin_nerfstudio.comm.link`; with --sharded,
+    under each row exchange, `comm/row_link.py`): each message delayed by latency + bytes / bandwidth of a preset
+    (10gbe, pcie), for benchmarks on a machine whose loopback makes communication free. none: the real transport
+    only."""
     exchange: ExchangeChoice = "auto"
     """Distributed: how a step's gradient rows travel (`comm/exchange_choice.py`): auto (per step, the fewest
     predicted bytes), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
