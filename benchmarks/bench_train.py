@@ -301,7 +301,8 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
     if barrier is not None and barrier is not variant:
         ratio = variant.against(barrier, lambda r, b: r.metrics.views_per_s / b.metrics.views_per_s)
         relative = _rounds(*ratio, "{:.2f}x")
-        equal = _rounds(*variant.against(barrier, lambda r, b: r.metrics.bound_share / b.metrics.bound_share), "{:.2f}x")
+        share = variant.against(barrier, lambda r, b: r.metrics.bound_share / b.metrics.bound_share)
+        equal = _rounds(*share, "{:.2f}x")
         share = variant.against(barrier, lambda r, b: r.metrics.hidden_wait(b.metrics) or 0.0)
         hidden = _rounds(*share, "**{:.0%}**")
     return [

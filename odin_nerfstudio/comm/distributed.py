@@ -52,7 +52,6 @@ from odin_nerfstudio.comm.exchange_choice import (
     ExchangeBytes,
     ExchangeChoice,
     ExchangeShape,
-    cheapest,
     estimated_union,
 )
 from odin_nerfstudio.comm.protocol import FirstPart, chosen_rows
@@ -156,9 +155,11 @@ class DistributedTransport:
         group: the process group (default: the world).
         stats_schema: per statistic name, its dtype (the render adapter's ``stats_schema``); None if the tasks
             carry no statistics.
-        choice: "auto" (per step, the fewest predicted bytes) or a forced "sparse", "union", "dense".
+        choice: "auto" (per step, the least predicted time) or a forced "sparse", "union", "dense".
         merge: the sum of the ranks' gathered parts in rank order (``sum_in_order`` or an op equal to it bit for
             bit).
+        latency_bytes: the link's latency x bandwidth, what "auto" weighs each collective's latency at
+            (``exchange_choice.RingBytes.fastest``; 0: the fewest bytes); the same on every rank.
     """
 
     def __init__(
@@ -169,6 +170,7 @@ class DistributedTransport:
         stats_schema: dict[str, torch.dtype] | None = None,
         choice: ExchangeChoice = "auto",
         merge: Merge = sum_in_order,
+        latency_bytes: float = 0.0,
     ) -> None:
         dtypes = {ref.dtype for ref in template.values()}
         if len(dtypes) != 1:
@@ -176,6 +178,7 @@ class DistributedTransport:
         if choice not in ("auto", *CHOICES):
             raise ValueError(f"unknown exchange {choice!r}; choose one of auto, {', '.join(CHOICES)} (--exchange)")
         self.template = template
+        self.latency_bytes = latency_bytes
         self.timeout = timeout
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -279,7 +282,7 @@ class DistributedTransport:
         asks = bool(longest.asks)
         predicted = shape.predict(sizes, estimated_union(sizes))
         choice = self.choice
-        if choice == "auto" and cheapest(predicted) == "dense":
+        if choice == "auto" and shape.fastest(predicted, self.latency_bytes) == "dense":
             choice = "dense"
         # The int64 message: rows (unless dense), int statistics, tasks' entry counts, asked rows (as runs); then
         # the statistics' values. The dense exchange sends no rows ahead of the gradients: its first part comes
@@ -317,7 +320,7 @@ class DistributedTransport:
             rest = [dataclasses.replace(size, rows=r.numel()) for size, r in zip(sizes, rank_rows, strict=True)]
             predicted = shape.predict(rest, union.numel())
             if choice == "auto":
-                choice = cheapest({name: predicted[name] for name in ("sparse", "union")})
+                choice = shape.fastest({name: predicted[name] for name in ("sparse", "union")}, self.latency_bytes)
         handle.part = "gradient rows"
         if choice == "sparse":
             merged = self._sparse(handle, rank_rows, packed, stats, issued)

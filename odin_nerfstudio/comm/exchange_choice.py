@@ -10,9 +10,11 @@ O(W |A|); (b) ``union``, all-gather the row indices ((a) needs them anyway), agr
 all (the last column counts the ranks that touched a row: U is where it is positive), 2 (W - 1) / W N 4 (D + 1),
 O(N) whatever W, N being the largest row touched + 1. The choice is made from what every rank knows, so it is the
 same on every rank: after the header, dense if its bytes are below sparse's and union's with |U| estimated from
-the sizes (:func:`estimated_union`); otherwise after the indices, with the exact |U|, union if cheaper than sparse
-(:func:`cheapest`). The tasks' statistics always travel by all-gather. A transport may force one (``choice``; the
-trainer's ``--exchange``).
+the sizes (:func:`estimated_union`); otherwise after the indices, with the exact |U|, union if cheaper than sparse.
+Cheaper means less predicted time, in bytes (:meth:`RingBytes.fastest`): bytes plus each collective's latencies at
+the link's latency x bandwidth (``latency_bytes``: measured at start-up, ``comm/calibration.py``, or the emulated
+link's), so that a few bytes saved do not cost many latencies. The tasks' statistics always travel by all-gather.
+A transport may force one (``choice``; the trainer's ``--exchange``).
 
 Every choice gives every rank the same merged update (rows, bits, statistics in rank order). For W = 2 all three
 equal ``sum_in_order`` bit for bit: a row's sum is g0 + g1, g0 + 0 or 0 + g1, and two-term float addition
@@ -74,9 +76,23 @@ class RingBytes:
             "dense": self.all_gather(gathered) + self.all_reduce(dense),
         }
 
+    def latencies(self) -> dict[str, int]:
+        """Per exchange, the latency terms of the collectives that differ between them (ring model): the sparse
+        all-gather W - 1, union-then-reduce's all-gather and all_reduce 3 (W - 1), the dense all_reduce 2 (W - 1)."""
+        hops = self.world_size - 1
+        return {"sparse": hops, "union": 3 * hops, "dense": 2 * hops}
+
+    def fastest(self, predicted: dict[str, int], latency_bytes: float = 0.0) -> str:
+        """The exchange of ``predicted`` (some of :data:`CHOICES`, their bytes) with the least predicted time,
+        counted in bytes: its bytes plus its latencies x ``latency_bytes``, a link's latency x bandwidth (the bytes
+        it moves while one message waits; 0: the fewest bytes win). Behind a 10 GbE-class link (62.5 KB) at W = 8,
+        union-then-reduce's 14 latencies more than the all-gather's cost 875 KB: it must save that many bytes."""
+        latencies = self.latencies()
+        return cheapest({name: nbytes + latencies[name] * latency_bytes for name, nbytes in predicted.items()})
+
 
 def cheapest(predicted: dict[str, int | float]) -> str:
-    """The exchange of ``predicted`` (some of :data:`CHOICES`, their bytes) with the fewest bytes; a tie goes to the
+    """The exchange of ``predicted`` (some of :data:`CHOICES`, their costs) with the least cost; a tie goes to the
     earlier in :data:`CHOICES`."""
     return min(sorted(predicted, key=CHOICES.index), key=predicted.__getitem__)
 

@@ -6,11 +6,14 @@ whole fetch; (2) in quality-first, the fetch of step s + 1's clean part and each
 started, before step s is published; (3) its tasks of step s rendered while (2) travels; (4) the return of step s
 started, then (2) waited for; (5) while the return travels, the tasks of step s + 1 that no owner is unsure of
 (running ahead of the publication, exact); (6) the owners' publication of step s. Barrier fetches step s + 1 only
-after (6): Grendel's synchronization, the reference.
+after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so every rank
+knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in the same
+order on every rank, whatever each one's tasks).
 
 Throughput-first adds bounded stale reads: with step s + 1's clean part come the rows of the unsure tasks' C(t) that
 step s may write, at their values before it, and each task's count of them; a task whose share of such rows is at
-most ``stale_fraction`` (and ``max_staleness`` >= 1) runs ahead on them (every rank learns which tasks did). When
+most ``stale_fraction`` (and ``max_staleness`` >= 1) runs ahead on them (every rank decides for every task, from
+the same flags). When
 step s's gradients reach an owner, it applies the gradient rule to the rows read stale there (``Owner.judge``:
 magnitude below ``stale_grad_ratio`` x the mean over the step's rows it holds); a task that fails anywhere is re-run
 on the published state in the next iteration, with the rest of its rows.
@@ -42,6 +45,7 @@ class _Ahead:
     Attributes:
         fetched: its clean part (the rest follows once the step before is published).
         unsure: per rank and task, whether this owner held back rows of it (it serves their rest).
+        anyone: per rank and task, whether any owner did (every rank knows: the flags go to every rank).
         stale: throughput-first: the clean part with the rows a stale read reads, else None.
         admitted: throughput-first: per rank and task, whether it read stale (every rank's decision), else None.
         failed: throughput-first: per rank and task, whether the gradient rule failed on this owner's rows.
@@ -50,6 +54,7 @@ class _Ahead:
 
     fetched: FetchedStep
     unsure: list[list[bool]]
+    anyone: list[list[bool]]
     stale: FetchedStep | None = None
     admitted: list[list[bool]] | None = None
     failed: list[list[bool]] | None = None
@@ -86,11 +91,21 @@ def _flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:
 
 def _unflat(flags: Tensor, tasks: Sequence[Sequence[Task]]) -> list[list[bool]]:
     """:func:`_flat`'s inverse, given every rank's tasks."""
-    values, out, start = flags.tolist(), [], 0
+    return [[bool(v) for v in rank] for rank in _per_rank(flags.tolist(), tasks)]
+
+
+def _per_rank(values: list, tasks: Sequence[Sequence[Task]]) -> list[list]:
+    """Per-task values of every rank, in rank order, split by rank."""
+    out, start = [], 0
     for rank_tasks in tasks:
-        out.append([bool(v) for v in values[start : start + len(rank_tasks)]])
+        out.append(values[start : start + len(rank_tasks)])
         start += len(rank_tasks)
     return out
+
+
+def _none_of(flags: Sequence[Sequence[bool]]) -> bool:
+    """Whether no flag of any rank is set."""
+    return not any(any(rank) for rank in flags)
 
 
 @dataclass
@@ -213,22 +228,30 @@ class ShardedLoop:
             received = self._exchange(pieces, f"fetch of step {step}", step)
             return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank]))
         ahead = self._ahead.pop(step)
-        need = ahead.unsure
+        need, anyone = ahead.unsure, ahead.anyone
         if ahead.admitted is not None:
-            local = ahead.failed if ahead.failed is not None else [[False] * len(t) for t in tasks]
-            device = self.owner.params["means"].device
-            verdicts = self._everyone(_flat(local, device), f"stale-read verdicts of step {step}", step)
-            failed = _unflat(torch.stack(verdicts).any(dim=0), tasks)
-            need = [
-                [doubt and (not admitted or rerun) for doubt, admitted, rerun in zip(d, a, f, strict=True)]
-                for d, a, f in zip(ahead.unsure, ahead.admitted, failed, strict=True)
-            ]
+            failed = [[False] * len(t) for t in tasks]
+            if not _none_of(ahead.admitted):  # no verdicts to gather where no task read stale
+                local = ahead.failed if ahead.failed is not None else failed
+                device = self.owner.params["means"].device
+                verdicts = self._everyone(_flat(local, device), f"stale-read verdicts of step {step}", step)
+                failed = _unflat(torch.stack(verdicts).any(dim=0), tasks)
+            need, anyone = (
+                [
+                    [doubt and (not admitted or rerun) for doubt, admitted, rerun in zip(d, a, f, strict=True)]
+                    for d, a, f in zip(flags, ahead.admitted, failed, strict=True)
+                ]
+                for flags in (ahead.unsure, ahead.anyone)
+            )
             for index, rerun in enumerate(failed[self.rank]):
                 if rerun:
                     ahead.fetched.started.discard(index)
                     self.counters.reruns += 1
-        rest = self.owner.serve(self.owner.cull_rest(step, tasks, need))
-        ahead.fetched.add(self._exchange(rest, f"fetch of the rest of step {step}", step), self.owner.params)
+        rest = self.owner.cull_rest(step, tasks, need)
+        if not _none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
+            received = self._exchange(self.owner.serve(rest), f"fetch of the rest of step {step}", step)
+            ahead.fetched.add(received, self.owner.params)
+            self.counters.rest_fetches += 1
         return ahead.fetched
 
     def _start_clean(self, step: int) -> _Clean:
@@ -240,17 +263,18 @@ class ShardedLoop:
         served = self.owner.serve(clean)
         rows = self.exchange.start(served, f"fetch of the clean part of step {step}")
         device = self.owner.params["means"].device
-        flags = [
-            {
-                "ids": torch.tensor(doubt, dtype=torch.int64, device=device).reshape(-1),
-                "held": torch.tensor([r.numel() for r in held], dtype=torch.int64, device=device).reshape(-1),
-                "total": torch.tensor(
-                    [r.numel() + c.numel() for r, c in zip(held, kept)], dtype=torch.int64, device=device
-                ).reshape(-1),
-            }
-            for doubt, held, kept in zip(unsure, stale, clean, strict=True)
-        ]
-        doubts = self.exchange.start(flags, f"unsure flags of step {step}")
+        flags = {  # every rank's tasks' flags, to every rank: each learns every task's doubts
+            "ids": torch.tensor([d for rank in unsure for d in rank], dtype=torch.int64, device=device).reshape(-1),
+            "held": torch.tensor(
+                [r.numel() for rank in stale for r in rank], dtype=torch.int64, device=device
+            ).reshape(-1),
+            "total": torch.tensor(
+                [r.numel() + c.numel() for h, k in zip(stale, clean) for r, c in zip(h, k)],
+                dtype=torch.int64,
+                device=device,
+            ).reshape(-1),
+        }
+        doubts = self.exchange.start([flags] * self.owner.cuts.num_shards, f"unsure flags of step {step}")
         stale_served, stale_rows = [], None
         if self.mode == "throughput":
             stale_served = self.owner.serve(stale)
@@ -260,25 +284,26 @@ class ShardedLoop:
     def _finish_clean(self, pending: _Clean) -> _Ahead:
         """Wait for a clean part :meth:`_start_clean` started (counted as a fetch of the step before); in
         throughput-first, decide which unsure tasks read stale (every rank learns which). Kept for :meth:`_fetch`."""
-        step, device = pending.step, self.owner.params["means"].device
+        step = pending.step
         received = self._received(pending.rows, pending.served, step - 1)
         doubts = self._wait(pending.doubts, step - 1, "fetch")
-        mine = torch.stack([d["ids"] for d in doubts]).any(dim=0)
-        fetched = FetchedStep.of(received, self.owner.params, [bool(flag) for flag in mine.reshape(-1).tolist()])
-        ahead = _Ahead(fetched, pending.unsure)
+        tasks = self.step_tasks(step)
+        anyone = _unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
+        fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
+        ahead = _Ahead(fetched, pending.unsure, anyone)
         if pending.stale_rows is not None:
+            # Every rank decides every task's admission from the same sums: no exchange of the decisions.
             rows = self._received(pending.stale_rows, pending.stale_served, step - 1)
             held = torch.stack([d["held"] for d in doubts]).sum(dim=0).double()
             total = torch.stack([d["total"] for d in doubts]).sum(dim=0).double().clamp(min=1.0)
             share = (held / total).tolist() if held.numel() else []
+            doubt = [flag for rank in anyone for flag in rank]
             admitted = [
-                doubt and self.max_staleness >= 1 and fraction <= self.stale_fraction
-                for doubt, fraction in zip(fetched.unsure, share, strict=True)
+                flag and self.max_staleness >= 1 and fraction <= self.stale_fraction
+                for flag, fraction in zip(doubt, share, strict=True)
             ]
-            mine_flags = torch.tensor(admitted, dtype=torch.bool, device=device).reshape(-1)
-            everyone = self._everyone(mine_flags, f"stale-read admissions of step {step}", step - 1)
-            ahead.admitted = [part.tolist() for part in everyone]
-            ahead.held = [int(count) for count in held.tolist()]
+            ahead.admitted = _per_rank(admitted, tasks)
+            ahead.held = [int(count) for count in _per_rank(held.tolist(), tasks)[self.rank]]
             self.owner.admit_stale(step, pending.stale, ahead.admitted)
             ahead.stale = fetched.joined(rows, self.owner.params)
         self._ahead[step] = ahead

@@ -47,6 +47,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA, structural_change_due
 from odin_nerfstudio.comm.distributed import DistributedTransport
+from odin_nerfstudio.comm.calibration import link_latency_bytes, measure_latency_bytes
 from odin_nerfstudio.comm.exchange_choice import ExchangeChoice
 from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.comm.link import InterconnectName, link_preset, linked_distributed, linked_virtual
@@ -130,8 +131,9 @@ class OdinTrainerConfig(TrainerConfig):
     (10gbe, pcie), for benchmarks on a machine whose loopback makes communication free. none: the real transport
     only."""
     exchange: ExchangeChoice = "auto"
-    """Distributed: how a step's gradient rows travel (`comm/exchange_choice.py`): auto (per step, the fewest
-    predicted bytes), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
+    """Distributed: how a step's gradient rows travel (`comm/exchange_choice.py`): auto (per step, the least
+    predicted time: bytes, and each collective's latency at the link's latency x bandwidth, measured at start-up or
+    the --interconnect preset's), sparse (all-gather of every rank's rows), union (agree on the union of the rows, all_reduce
     them) or dense (all_reduce of every row)."""
     sharded: bool = False
     """Mixed parallel: each process owns a shard of the Gaussians (their parameters, Adam moments and tables) and
@@ -254,9 +256,17 @@ class OdinTrainer(Trainer):
                 return None
             return linked_virtual(VirtualTransport(len(self.local_workers), params, scatter_in_order), link)
         timeout = self.config.runtime.wait_timeout_s
+        latency_bytes = 0.0
+        if self.config.exchange == "auto":  # the choice weighs latencies at the link's latency x bandwidth
+            latency_bytes = (
+                measure_latency_bytes(self.pipeline.model.device)
+                if link is None
+                else link_latency_bytes(link.latency_s, link.bandwidth_bytes_per_s)
+            )
         transport = DistributedTransport(
-            params, timeout, stats_schema=STATS_SCHEMA, choice=self.config.exchange, merge=scatter_in_order
-        )
+            params, timeout, stats_schema=STATS_SCHEMA, choice=self.config.exchange, merge=scatter_in_order,
+            latency_bytes=latency_bytes,
+        )  # fmt: skip
         self.distributed_transports.append(transport)
         return [transport if link is None else linked_distributed(transport, link)]
 

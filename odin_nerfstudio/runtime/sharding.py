@@ -79,6 +79,8 @@ class ShardCounters:
         rows_served: rows this rank's shard sent to readers.
         rows_returned: gradient rows this rank sent to owners.
         ran_ahead: tasks rendered before the previous step was published (on clean rows, or stale ones admitted).
+        rest_fetches: steps fetched ahead whose rest was fetched after the publication (the others skip that
+            exchange: no owner held a row of them back).
         stale_reads: tasks that read rows of the unpublished step stale (throughput-first; a task admitted whose C(t)
             held none of them, only rows that might move into it, runs ahead without counting here).
         reruns: tasks read stale and re-run on the published state (the gradient rule failed).
@@ -94,6 +96,7 @@ class ShardCounters:
     rows_served: int = 0
     rows_returned: int = 0
     ran_ahead: int = 0
+    rest_fetches: int = 0
     stale_reads: int = 0
     reruns: int = 0
     publications: int = 0

@@ -10,11 +10,12 @@ question per step: the time every worker holds the merged update. Four answers, 
   ``(W - 1) x max_r bytes_r / bandwidth + latency x hops``, hops ``W - 1`` (ring) or ``ceil(log2 W)`` (tree).
 - ``ring-allreduce``: the dense baseline (DDP's barrier): ``2 (W - 1) / W x dense_bytes / bandwidth`` plus
   ``2 (W - 1)`` latencies, whatever the rows touched.
-- ``chosen``: what ``comm/distributed.DistributedTransport`` runs, per step the exchange of fewest bytes: the sparse
+- ``chosen``: what ``comm/distributed.DistributedTransport`` runs, per step the exchange of least predicted time
+  (bytes and latencies, ``RingBytes.fastest`` at this link's latency x bandwidth): the sparse
   all-gather above, union-then-reduce (an all-gather of the row indices, 8 bytes a row, then a ring all-reduce of
   the union's |U| gradient rows) or the dense all-reduce, each timed as a ring.
 - the bytes of every collective are the transport's own byte model (``comm/exchange_choice.py``'s
-  :class:`RingBytes`, and its :func:`cheapest` for ``chosen``), given a part's rows of ``row_bytes`` each.
+  :class:`RingBytes`, and its ``fastest`` for ``chosen``), given a part's rows of ``row_bytes`` each.
 - every collective adds ``base_s`` after the last part is sent: the real transport's own time (gloo on loopback).
 """
 
@@ -25,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from odin_nerfstudio.comm.exchange_choice import RingBytes, cheapest
+from odin_nerfstudio.comm.calibration import link_latency_bytes
+from odin_nerfstudio.comm.exchange_choice import RingBytes
 from odin_nerfstudio.comm.link import link_preset
 from odin_nerfstudio.comm.wire import INDEX_BYTES
 from odin_nerfstudio.simulation.workload import ROW_BYTES
@@ -73,6 +75,11 @@ class Interconnect:
             return cls("none", collective=collective, **sizes)
         return cls(name, link.latency_s, link.bandwidth_bytes_per_s, collective, **sizes)
 
+    @property
+    def latency_bytes(self) -> float:
+        """The link's latency x bandwidth: what the transport's choice weighs a latency at."""
+        return link_latency_bytes(self.latency_s, self.bandwidth_bytes_per_s)
+
     def delivery_s(self, sends: Sequence[float], nbytes: Sequence[int], union_rows: int = 0) -> float:
         """When every worker holds the step's merged update: ``sends`` [W] the parts' send times, ``nbytes`` [W]
         their sizes, ``union_rows`` |U| the rows of their union (for ``chosen``)."""
@@ -85,7 +92,8 @@ class Interconnect:
             return last
         costs = self.costs(workers, max(nbytes), union_rows)
         if self.collective == "chosen":
-            return last + costs[cheapest({name: cost[0] for name, cost in costs.items()})][1]
+            chosen = RingBytes(workers).fastest({name: cost[0] for name, cost in costs.items()}, self.latency_bytes)
+            return last + costs[chosen][1]
         return last + costs["sparse" if self.collective == "allgather" else "dense"][1]
 
     def costs(self, workers: int, longest: int, union_rows: int) -> dict[str, tuple[float, float]]:

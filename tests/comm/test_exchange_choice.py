@@ -24,7 +24,8 @@ import torch.multiprocessing as mp
 
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
 from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
-from odin_nerfstudio.comm.exchange_choice import CHOICES, ExchangeShape, cheapest, estimated_union
+from odin_nerfstudio.comm.calibration import link_latency_bytes, measure_latency_bytes
+from odin_nerfstudio.comm.exchange_choice import CHOICES, ExchangeShape, RingBytes, cheapest, estimated_union
 from odin_nerfstudio.comm.inprocess import VirtualTransport
 from odin_nerfstudio.comm.wire import Sizes, StatsLayout
 from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order
@@ -309,3 +310,39 @@ def test_two_ranks_asking_for_rows_first_get_the_first_part_then_the_same_bits(t
                     assert sent is None, "the dense exchange's first part comes with the whole update"
                 else:
                     assert sent == reference.sent_bytes
+
+
+def test_the_choice_weighs_latencies_at_the_links_latency_times_bandwidth() -> None:
+    """BENCHMARKS.md's street at W = 8 (bench_exchange): union-then-reduce sends 2,332 KiB, the sparse all-gather
+    2,703 KiB. By bytes alone union wins; behind a 10 GbE-class link (50 us x 1.25 GB/s = 62.5 KB a latency) its
+    14 more latencies (3 (W - 1) against W - 1) cost 875 KB, and the all-gather is faster; the simulator's chosen
+    exchange picks as the transport does."""
+    ring = RingBytes(8)
+    predicted = {"sparse": 2703 * 1024, "union": 2332 * 1024, "dense": 20669 * 1024}
+    assert ring.latencies() == {"sparse": 7, "union": 21, "dense": 14}
+    assert ring.fastest(predicted) == "union"
+    ten_gbe = link_latency_bytes(50e-6, 1.25e9)
+    assert ten_gbe == pytest.approx(62_500)
+    assert ring.fastest(predicted, ten_gbe) == "sparse"
+    link = Interconnect("10gbe", 50e-6 * 75, 1.25e9 / 75, collective="chosen", row_bytes=0, dense_bytes=0)
+    assert link.latency_bytes == pytest.approx(ten_gbe), "a preset's slowing cancels out of latency x bandwidth"
+
+
+def _calibration_main(rank: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        figure = measure_latency_bytes(torch.device("cpu"), repeats=2)
+        (Path(out_dir) / f"rank{rank}.txt").write_text(repr(figure))
+        dist.barrier()
+    except BaseException:
+        (Path(out_dir) / f"error{rank}.txt").write_text(traceback.format_exc())
+    os._exit(0)
+
+
+def test_every_rank_measures_the_same_latency_bytes(tmp_path: Path) -> None:
+    mp.spawn(_calibration_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    errors = [p.read_text() for p in tmp_path.glob("error*.txt")]
+    assert not errors, errors
+    figures = [float((tmp_path / f"rank{r}.txt").read_text()) for r in range(2)]
+    assert figures[0] == figures[1] and figures[0] > 0, figures

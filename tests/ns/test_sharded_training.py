@@ -127,17 +127,20 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
 
 @pytest.mark.slow
 def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead(tmp_path: Path) -> None:
-    """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality equal the replicated barrier of 3
-    virtual workers bit for bit, and quality-first's reads ran ahead of unpublished steps."""
+    """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality (behind the emulated PCIe link)
+    equal the replicated barrier of 3 virtual workers bit for bit, and quality-first's reads ran ahead of
+    unpublished steps."""
     scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
     train(scene, tmp_path, "virtual", *street, "--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier")
-    for mode in ("barrier", "quality"):
-        train(scene, tmp_path, mode, *street, "--sharded", "True", "--runtime.mode", mode, ranks=3)
+    for mode, link in (("barrier", "none"), ("quality", "pcie")):
+        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
+        train(scene, tmp_path, mode, *street, *sharded, ranks=3)
         assert_same_params(checkpoint(tmp_path, mode), checkpoint(tmp_path, "virtual"))
     folder = run_folder(tmp_path, "quality")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     assert sum(c["ran_ahead"] for c in counters) > 0
+    assert len({c["rest_fetches"] for c in counters}) == 1, "every rank fetched the rest of the same steps"
 
     # Throughput-first: stale reads admitted at the owners; its held-out PSNR within 1% of the barrier's.
     train(scene, tmp_path, "throughput", *street, "--sharded", "True", "--runtime.mode", "throughput", ranks=3)

@@ -260,6 +260,20 @@ def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers:
     assert sum(loop.counters.ran_ahead for loop in loops) > 0
 
 
+def test_sharded_quality_skips_the_rest_fetch_where_no_owner_held_a_row_back() -> None:
+    """One view per worker over 10 steps: some steps fetched ahead hold nothing back anywhere, and every rank skips
+    their rest exchange alike; the others fetch it; the model still equals the barrier's."""
+    steps = 10
+    schedule = make_schedule(steps, 2, 1, 16, focal_scale=2.0)
+    cuts = ShardCuts.even(120, 2)
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02)
+    assert_identical(quality, barrier)
+    rests = {loop.counters.rest_fetches for loop in loops}
+    assert len(rests) == 1, "every rank fetches the rest of the same steps"
+    assert 0 < rests.pop() < steps - 1, "the rest is fetched where an owner held rows back, skipped elsewhere"
+
+
 def test_sharded_throughput_reads_stale_and_its_gradient_rule_reruns_on_the_published_state() -> None:
     """Throughput-first on a dense ring admits stale reads of the unpublished step's rows (share of C(t) <= 0.5).
     With the gradient ratio at 0 the owners refuse every row a stale read missed a write of, and the re-runs on the

@@ -114,20 +114,23 @@ def test_interconnect_formulas() -> None:
     assert dense.delivery_s([0.0] * 4, [0] * 4) == pytest.approx(6 * 1.0 + 1.5 * 1000 / 10)
 
 
-def test_the_chosen_exchange_is_the_one_of_fewest_bytes() -> None:
+def test_the_chosen_exchange_is_the_one_of_least_predicted_time() -> None:
     """As the transport chooses: sparse for small parts, union-then-reduce when the parts overlap (W = 4), dense
-    when the parts together reach the model's size."""
-    link = Interconnect("l", 1.0, 100.0, collective="chosen", dense_bytes=4000, row_bytes=10)
+    when the parts together reach the model's size; a longer latency makes union's extra latencies lose."""
+    link = Interconnect("l", 0.1, 100.0, collective="chosen", dense_bytes=4000, row_bytes=10)
     costs = link.costs(4, longest=100, union_rows=40)  # 10 rows each, none shared
     assert costs["sparse"][0] == 3 * 100 and costs["union"][0] == 3 * 8 * 10 + 1.5 * 40 * 2
-    assert link.delivery_s([0.0] * 4, [100] * 4, union_rows=40) == pytest.approx(3 * 1.0 + 300 / 100)
+    assert link.delivery_s([0.0] * 4, [100] * 4, union_rows=40) == pytest.approx(3 * 0.1 + 300 / 100)
     overlapping = link.costs(4, longest=1000, union_rows=100)  # 100 rows each, all the same rows
     assert overlapping["union"][0] < overlapping["sparse"][0]
-    union_s = 9 * 1.0 + overlapping["union"][0] / 100
+    union_s = 9 * 0.1 + overlapping["union"][0] / 100
     assert link.delivery_s([0.0] * 4, [1000] * 4, union_rows=100) == pytest.approx(union_s)
+    slow = Interconnect("l", 1.0, 100.0, collective="chosen", dense_bytes=4000, row_bytes=10)
+    sparse_s = 3 * 1.0 + overlapping["sparse"][0] / 100  # 300 bytes saved do not pay 6 latencies of 100 bytes
+    assert slow.delivery_s([0.0] * 4, [1000] * 4, union_rows=100) == pytest.approx(sparse_s)
     large = link.costs(4, longest=5000, union_rows=2000)
     assert large["dense"][0] < min(large["sparse"][0], large["union"][0])
-    assert link.delivery_s([0.0] * 4, [5000] * 4, union_rows=2000) == pytest.approx(6 * 1.0 + 1.5 * 4000 / 100)
+    assert link.delivery_s([0.0] * 4, [5000] * 4, union_rows=2000) == pytest.approx(6 * 0.1 + 1.5 * 4000 / 100)
 
 
 def test_a_preset_sizes_the_dense_exchange_by_the_model() -> None:
