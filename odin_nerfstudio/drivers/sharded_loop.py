@@ -31,6 +31,7 @@ from torch import Tensor
 from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, RowHandle, Rows, ShardCounters
 
@@ -116,8 +117,8 @@ class ShardedLoop:
         owner: this rank's shard.
         reader: this rank's side of its own tasks.
         exchange: the row all-to-all between the ranks.
-        rank: this rank (its tasks are ``step_tasks(step)[rank]``).
-        step_tasks: step -> every rank's tasks of the step, in task order (the global schedule).
+        rank: this rank (without a placement, its tasks are ``step_tasks(step)[rank]``).
+        step_tasks: step -> every schedule worker's tasks of the step, in task order (the global schedule).
         mode: "barrier" or "quality".
         last_step: the run's last step (nothing is fetched ahead of it).
         timeout_s: the longest any exchange is waited for.
@@ -125,6 +126,9 @@ class ShardedLoop:
             the merged gradient's row norms (global-id order) and the ranks' tasks' norms (rank order), so every
             owner sets the gain the replicated publication sets, bit for bit.
         stale_fraction, stale_grad_ratio, max_staleness: throughput-first's bounds (``OdinRuntimeConfig``'s).
+        placement: whether each step's workers run on the ranks that own most of their rows
+            (``runtime/placement.py``; set by :meth:`place`), else worker w on rank w. The owners sum in worker
+            order either way.
     """
 
     owner: Owner
@@ -139,17 +143,53 @@ class ShardedLoop:
     stale_fraction: float = 0.2
     stale_grad_ratio: float = 0.2
     max_staleness: int = 4
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SHARDED_MODES:
             raise ValueError(f"the sharded mode runs {', '.join(SHARDED_MODES)}, not {self.mode!r}")
         self.counters = ShardCounters()
         self._ahead: dict[int, _Ahead] = {}
+        self._ranks_of: dict[int, list[int]] = {}
+        """Per step begun and not yet published, each schedule worker's rank."""
+
+    def place(self, views: Sequence[Task]) -> None:
+        """Place the workers by rows owned (``runtime/placement.py``): every owner counts its rows in each view's
+        candidate set (``views``: one task per training view) and every rank gets every owner's counts; on every
+        rank at once, after the shards are cut or re-cut, with no step begun."""
+        if self._ranks_of:
+            raise RuntimeError(f"placement with steps {sorted(self._ranks_of)} begun")
+        seen = self.owner.rows_seen(views)
+        size = max((view.view for view in views), default=-1) + 1
+        counts = torch.zeros(size, dtype=torch.int64, device=seen.device)
+        counts[torch.tensor([view.view for view in views], dtype=torch.int64, device=seen.device)] = seen
+        parts = self._everyone(counts, "rows seen per view", -1)
+        self.placement = Placement(torch.stack(parts, dim=1))
+
+    def _tasks(self, step: int) -> list[list[Task]]:
+        """Step ``step``'s tasks per rank (each rank runs one schedule worker's, see ``placement``)."""
+        workers = self.step_tasks(step)
+        if self.placement is None:
+            return [list(tasks) for tasks in workers]
+        if step not in self._ranks_of:
+            self._ranks_of[step] = self.placement.ranks_of(workers)
+            self.counters.placed += int(self._ranks_of[step] != list(range(len(workers))))
+        return by_rank(workers, self._ranks_of[step])
+
+    def _worker_order(self, step: int, parts: Sequence[Rows]) -> list[Rows]:
+        """Per-rank ``parts`` of ``step`` re-ordered by the schedule worker each rank ran (the barrier's sum order)."""
+        ranks = self._ranks_of.get(step)
+        return list(parts) if ranks is None or not parts else [parts[rank] for rank in ranks]
+
+    def _worker(self, step: int) -> int:
+        """The schedule worker whose tasks this rank runs in ``step``."""
+        ranks = self._ranks_of.get(step)
+        return self.rank if ranks is None else ranks.index(self.rank)
 
     def iteration(self, step: int, may_run_ahead: bool = True) -> None:
         """Run step ``step`` on this rank (see the module); ``may_run_ahead``: nothing after it needs its
         synchronous state (a structural change does: the caller's to say, the same on every rank)."""
-        tasks = self.step_tasks(step)
+        tasks = self._tasks(step)
         fetched = self._fetch(step, tasks)
         pending = None
         if self.mode != "barrier" and may_run_ahead and step < self.last_step:
@@ -157,7 +197,7 @@ class ShardedLoop:
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
-        returns, stats, norms = self.reader.returns(step, self.rank)
+        returns, stats, norms = self.reader.returns(step, self._worker(step))
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
         handle = self.exchange.start(returns, f"return of step {step}")
         stats_handle = self.exchange.start(stats, f"statistics of step {step}") if self.reader.keeps_stats else None
@@ -165,7 +205,7 @@ class ShardedLoop:
         held = fetched.nbytes + (0 if ahead is None else ahead.fetched.nbytes)
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         if ahead is not None:
-            for task in self.step_tasks(step + 1)[self.rank]:
+            for task in self._tasks(step + 1)[self.rank]:
                 if not ahead.fetched.unsure[task.index]:
                     self._run(ahead.fetched, task)
                 elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
@@ -178,6 +218,7 @@ class ShardedLoop:
         received_stats = () if stats_handle is None else self._wait(stats_handle, step, "return")
         parts = self._wait(handle, step, "return")
         start = self.reader.meter.timeline.now()
+        parts, received_stats = self._worker_order(step, parts), self._worker_order(step, received_stats)
         merged = self.owner.publish(step, parts, received_stats)
         self.reader.meter.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
         if ahead is not None and ahead.admitted is not None:
@@ -185,6 +226,7 @@ class ShardedLoop:
         self.counters.publications += 1
         if self.gain is not None:
             self._observe_gain(step, merged, norms)
+        self._ranks_of.pop(step, None)
 
     def _observe_gain(self, step: int, merged: SparseUpdate, norms: Tensor | None) -> None:
         """The adaptive batch rule after ``step``'s publication, from every owner's rows and every rank's tasks."""
@@ -196,6 +238,7 @@ class ShardedLoop:
         parts = self._wait(self.exchange.start(everyone, f"gradient norms of step {step}"), step, "return")
         tasks = [{"norms": measured, "any": torch.tensor([norms is not None], device=device)}] * len(everyone)
         views = self._wait(self.exchange.start(tasks, f"task norms of step {step}"), step, "return")
+        views = self._worker_order(step, views)
         if not any(bool(part["any"][0]) for part in views):
             return
         summed = merged_squared_norms(torch.cat([part["rows"] for part in parts]))
@@ -214,6 +257,8 @@ class ShardedLoop:
         recut = restructure(self.owner, self.reader, self.exchange, strategy, step, seed, self.timeout_s, views)
         self.counters.recuts += int(recut)
         self.counters.restructures += 1
+        if self.placement is not None:  # rows moved: count again where each view's rows live
+            self.place(views)
 
     def _run(self, fetched: FetchedStep, task: Task) -> None:
         """Render, back-propagate and stage one of this rank's tasks."""
@@ -258,7 +303,7 @@ class ShardedLoop:
         """Start fetching step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure
         flags (set where any owner may still send rows of it), and in throughput-first the rows a stale read would
         read; :meth:`_finish_clean` waits for them."""
-        tasks = self.step_tasks(step)
+        tasks = self._tasks(step)
         clean, unsure, stale = self.owner.cull_clean(step, tasks)
         served = self.owner.serve(clean)
         rows = self.exchange.start(served, f"fetch of the clean part of step {step}")
@@ -287,7 +332,7 @@ class ShardedLoop:
         step = pending.step
         received = self._received(pending.rows, pending.served, step - 1)
         doubts = self._wait(pending.doubts, step - 1, "fetch")
-        tasks = self.step_tasks(step)
+        tasks = self._tasks(step)
         anyone = _unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
         fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
         ahead = _Ahead(fetched, pending.unsure, anyone)
@@ -324,6 +369,7 @@ class ShardedLoop:
         if pieces and "masks" in pieces[0]:
             self.counters.rows_served += sum(int(piece["ids"].numel()) for piece in pieces)
             self.counters.rows_fetched += sum(int(part["ids"].numel()) for part in received)
+            self.counters.rows_local += int(received[self.rank]["ids"].numel())
         return received
 
     def _wait(self, handle: RowHandle, step: int, reason: str) -> list[Rows]:

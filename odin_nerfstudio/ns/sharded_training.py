@@ -117,6 +117,7 @@ class ShardedTraining:
             last_step, runtime.wait_timeout_s, gain, runtime.stale_fraction, runtime.stale_grad_ratio,
             runtime.max_staleness,
         )  # fmt: skip
+        self.loop.place(self.views())
         CONSOLE.log(f"Odin sharded: rank {self.rank} owns rows {cuts.range(self.rank)} of {cuts.num_rows}")
 
     def close(self) -> None:

@@ -75,10 +75,12 @@ class ShardCounters:
 
     Attributes:
         rows_fetched: rows this rank received for its tasks (each once per step, whatever its tasks sharing it).
+        rows_local: those of them this rank owns itself (no link crossed).
         task_rows: rows its tasks read (the sum of |C(t)|): what a fetch per task would have moved.
         rows_served: rows this rank's shard sent to readers.
         rows_returned: gradient rows this rank sent to owners.
         ran_ahead: tasks rendered before the previous step was published (on clean rows, or stale ones admitted).
+        placed: steps whose workers the placement ran on other ranks than their own numbers.
         rest_fetches: steps fetched ahead whose rest was fetched after the publication (the others skip that
             exchange: no owner held a row of them back).
         stale_reads: tasks that read rows of the unpublished step stale (throughput-first; a task admitted whose C(t)
@@ -92,11 +94,13 @@ class ShardCounters:
     """
 
     rows_fetched: int = 0
+    rows_local: int = 0
     task_rows: int = 0
     rows_served: int = 0
     rows_returned: int = 0
     ran_ahead: int = 0
     rest_fetches: int = 0
+    placed: int = 0
     stale_reads: int = 0
     reruns: int = 0
     publications: int = 0
@@ -171,6 +175,11 @@ class Owner:
             "tables": sum(tensor_bytes(t) for t in vars(self.tables).values()),
             "bounds": sum(tensor_bytes(t) for t in [bounds.centres, bounds.radii, *index]),
         }
+
+    def rows_seen(self, views: Sequence[Task]) -> Tensor:
+        """Per view, how many rows of this shard its candidate set holds, int64 [len(views)] (for the placement)."""
+        counts = [self.index.candidates(view).numel() for view in views]
+        return torch.tensor(counts, dtype=torch.int64, device=self.params["means"].device)
 
     def cull(self, step: int, tasks: Sequence[Sequence[Task]]) -> list[list[Tensor]]:
         """Per rank and task of ``step``, its C(t) in this shard on the current state (local rows, sorted): the whole

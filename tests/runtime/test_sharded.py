@@ -120,8 +120,10 @@ def sharded(
     refine_after: int | None = None,
     gain: AdaptiveGain | None = None,
     stale: tuple[float, float] = (0.2, 0.2),
+    place: bool = False,
 ) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
-    """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order."""
+    """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order;
+    ``place``: workers placed on the ranks owning most of their rows (one task per view of the schedule)."""
     exchange = VirtualRowExchange(cuts.num_shards)
     densify = refine_after is not None
     loops = [
@@ -130,11 +132,16 @@ def sharded(
     ]
     errors = []
 
+    views = list({task.view: task for step in schedule for tasks in step for task in tasks}.values())
+
     def run(loop: ShardedLoop) -> None:
         try:
+            if place:
+                loop.place(views)
             run_loop(loop, len(schedule), refine_after)
         except BaseException as error:  # noqa: BLE001 - reported by the test
             errors.append(error)
+            traceback.print_exc()
 
     threads = [threading.Thread(target=run, args=(loop,)) for loop in loops]
     for thread in threads:
@@ -246,6 +253,23 @@ def test_sharded_barrier_equals_the_replicated_barrier_bit_for_bit(workers: int)
     assert sum(loop.counters.ran_ahead for loop in loops) == 0
     fetched = sum(loop.counters.rows_fetched for loop in loops)
     assert 0 < fetched < sum(loop.counters.task_rows for loop in loops)  # tasks of a rank share fetched rows
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barrier(workers: int) -> None:
+    """Each step's workers on the ranks owning most of their rows: the owners sum in worker order, so the model is
+    the replicated barrier's bit for bit; workers did move off their own ranks, and fewer rows crossed ranks."""
+    schedule = make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0)
+    cuts = ShardCuts.even(120, workers)
+    reference = replicated_barrier(schedule, workers, 2)
+    for mode in ("barrier", "quality"):
+        placed, loops = sharded(schedule, cuts, mode, place=True)
+        assert_identical(placed, reference)
+        assert sum(loop.counters.placed for loop in loops) > 0, "the placement moved some step's workers"
+    _, fixed = sharded(schedule, cuts, "barrier")
+    _, moved = sharded(schedule, cuts, "barrier", place=True)
+    remote = [sum(c.counters.rows_fetched - c.counters.rows_local for c in run) for run in (fixed, moved)]
+    assert remote[1] < remote[0], remote
 
 
 @pytest.mark.parametrize("workers", [2, 3])
