@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Literal, Optional, Tuple, Type, Union
 
+import numpy as np
 import torch
 import tyro
 from nerfstudio.cameras.cameras import Cameras
@@ -76,9 +77,13 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     gradients summed, one update (a plain nerfstudio loop over `next_train` would take one view per iteration)."""
     schedule_seed: int = 0
     """Seeds the schedule's per-epoch shuffle."""
-    schedule_order: Literal["rlg", "random"] = "rlg"
+    schedule_order: Literal["auto", "rlg", "random", "regions"] = "auto"
     """rlg: Odin's locality schedule (consecutive steps loosely connected); random: a seeded random order of the
-    views, the paper's "overlap without locality" control."""
+    views, the paper's "overlap without locality" control; regions: each worker the views of its own region of the
+    scene (`scheduling/regions.py`), so that sharded ranks read mostly their own rows; auto: regions with --sharded,
+    rlg otherwise."""
+    sharded: tyro.conf.Suppress[bool] = False
+    """Whether the run is sharded: not a flag of its own, OdinTrainer sets it from --sharded (for auto's order)."""
     ring_size: tyro.conf.Suppress[int] = 4
     """K, the farthest back (in steps) a step's overlap window reaches: not a flag of its own, OdinTrainer sets it
     from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
@@ -103,7 +108,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
             num_workers=workers,
             views_per_worker=self.views_per_step,
             seed=self.schedule_seed,
-            order=self.schedule_order,
+            order=("regions" if self.sharded else "rlg") if self.schedule_order == "auto" else self.schedule_order,
             ring_size=self.ring_size,
             overlap_threshold=self.overlap_threshold,
         )
@@ -187,7 +192,7 @@ class OdinDatamanager(FullImageDatamanager):
             )
             return
         try:
-            saved = Schedule.load(path, self.schedule.rlg, self.view_pixels)
+            saved = Schedule.load(path, self.schedule.rlg, self.view_pixels, self.schedule.view_keys)
         except ValueError as error:
             raise ValueError(
                 f"odin: cannot resume with the schedule saved at {path}: {error}. Usually the scene (COLMAP model, "
@@ -221,7 +226,13 @@ class OdinDatamanager(FullImageDatamanager):
         if len(tracks) != len(self.train_dataset):
             raise ValueError(f"{key} holds {len(tracks)} views but the train split has {len(self.train_dataset)}")
         config = self.config.schedule_config(self.world_size)
-        return Schedule(RelativeLocalityGraph.from_point_sets(tracks), config, self.view_pixels)
+        keys = None
+        if config.order == "regions":
+            from odin_nerfstudio.scheduling.regions import view_keys
+
+            metadata = self.train_dataparser_outputs.metadata
+            keys = view_keys(tracks, np.asarray(metadata["points3D_ids"]), np.asarray(metadata["points3D_xyz"]))
+        return Schedule(RelativeLocalityGraph.from_point_sets(tracks), config, self.view_pixels, keys)
 
     def _check_rank_has_tasks(self) -> None:
         """Fail when this rank's workers get no task in epoch 0 (more workers than views)."""

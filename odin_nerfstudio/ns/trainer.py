@@ -175,6 +175,7 @@ class OdinTrainer(Trainer):
         check_options(self.config)
         # K is named once, by the user, as the runtime's ring slots; the schedule's overlap windows use the same K.
         self.config.pipeline.datamanager.ring_size = self.config.runtime.ring_slots
+        self.config.pipeline.datamanager.sharded = self.config.sharded  # auto's schedule order follows the mode
         super().setup(test_mode)
         schedule = self.pipeline.datamanager.schedule
         warn_if_step_exceeds_views(schedule.config.num_workers, schedule.config.views_per_worker, schedule.num_views)

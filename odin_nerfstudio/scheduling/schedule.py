@@ -77,6 +77,7 @@ from odin_nerfstudio.scheduling.ordering import (
     order_groups,
     untangle,
 )
+from odin_nerfstudio.scheduling.regions import regional_steps, regions_of
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
@@ -97,7 +98,8 @@ class ScheduleConfig:
         cost_per_point: predicted cost of one observed SfM point of a view (Gaussians it touches).
         cost_per_pixel: predicted cost of one pixel of a view (rasterization); 1000 pixels weigh one point.
         order: "rlg", the locality schedule above; "random", the control without locality (the paper's "overlap
-            without locality"): each epoch's seeded random baseline, chunked into steps of S, LPT-assigned.
+            without locality"): each epoch's seeded random baseline, chunked into steps of S, LPT-assigned;
+            "regions", each worker the views of its own region (``regions.py``: the sharded mode's order).
     """
 
     num_workers: int = 1
@@ -107,7 +109,7 @@ class ScheduleConfig:
     overlap_threshold: float = 0.1
     cost_per_point: float = 1.0
     cost_per_pixel: float = 1e-3
-    order: Literal["rlg", "random"] = "rlg"
+    order: Literal["rlg", "random", "regions"] = "rlg"
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "views_per_worker", "ring_size"):
@@ -119,8 +121,8 @@ class ScheduleConfig:
         for name in ("overlap_threshold", "cost_per_point", "cost_per_pixel"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ScheduleConfig.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.order not in ("rlg", "random"):
-            raise ValueError(f"ScheduleConfig.order must be 'rlg' or 'random', got {self.order!r}")
+        if self.order not in ("rlg", "random", "regions"):
+            raise ValueError(f"ScheduleConfig.order must be 'rlg', 'random' or 'regions', got {self.order!r}")
 
     @property
     def step_size(self) -> int:
@@ -186,7 +188,11 @@ class Schedule:
     """Lazily generated, reproducible schedule over an RLG: ``at(step)`` for any global step, epochs cached."""
 
     def __init__(
-        self, rlg: RelativeLocalityGraph, config: ScheduleConfig | None = None, pixels: np.ndarray | None = None
+        self,
+        rlg: RelativeLocalityGraph,
+        config: ScheduleConfig | None = None,
+        pixels: np.ndarray | None = None,
+        view_keys: np.ndarray | None = None,
     ) -> None:
         """Prepare the schedule of ``rlg``'s V views.
 
@@ -194,13 +200,17 @@ class Schedule:
             rlg: the views' Relative Locality Graph.
             config: generation settings (defaults: one worker, one view per step).
             pixels: pixels of each view [V]; None drops the pixel term of the predicted cost.
+            view_keys: the regional order's keys [V] (``regions.view_keys``); needed by it only.
         """
         self.config = config or ScheduleConfig()
-        self.rlg = rlg
+        self.rlg, self.view_keys = rlg, view_keys
+        if self.config.order == "regions" and (view_keys is None or len(view_keys) != rlg.num_views):
+            raise ValueError("the regional order needs a key per view (scheduling/regions.view_keys of its SfM points)")
         self.view_cost = predicted_view_cost(rlg.num_points, pixels, self.config)
         upper = sp.triu(rlg.weights, k=1).tocoo()
         self._edges = (upper.row.astype(np.int64), upper.col.astype(np.int64), upper.data)
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
+        self._regions = regions_of(view_keys, self.config.num_workers) if self.config.order == "regions" else []
 
     @property
     def num_views(self) -> int:
@@ -267,8 +277,15 @@ class Schedule:
         )
 
     @classmethod
-    def from_json(cls, text: str, rlg: RelativeLocalityGraph, pixels: np.ndarray | None = None) -> Schedule:
-        """Rebuild a schedule saved by :meth:`to_json`; ``rlg`` and ``pixels`` must be those it was made from.
+    def from_json(
+        cls,
+        text: str,
+        rlg: RelativeLocalityGraph,
+        pixels: np.ndarray | None = None,
+        view_keys: np.ndarray | None = None,
+    ) -> Schedule:
+        """Rebuild a schedule saved by :meth:`to_json`; ``rlg``, ``pixels`` and ``view_keys`` must be those it was
+        made from.
 
         Raises:
             ValueError: not a schedule, another RLG or costs, or the stored epochs no longer regenerate
@@ -282,7 +299,7 @@ class Schedule:
                 f"an {FORMAT} v{data.get('version')!r} file, this odin-nerfstudio writes v{VERSION} (its steps are "
                 "assigned differently); resume with the version that wrote it, or start a new run"
             )
-        schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels)
+        schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels, view_keys)
         if data["rlg_fingerprint"] != rlg.fingerprint() or data["num_views"] != schedule.num_views:
             raise ValueError(
                 "the schedule was compiled for a different RLG (other views, view order, tracks or RLG points); "
@@ -304,9 +321,11 @@ class Schedule:
         Path(path).write_text(self.to_json(epochs))
 
     @classmethod
-    def load(cls, path: Path, rlg: RelativeLocalityGraph, pixels: np.ndarray | None = None) -> Schedule:
+    def load(
+        cls, path: Path, rlg: RelativeLocalityGraph, pixels: np.ndarray | None = None, view_keys: np.ndarray | None = None
+    ) -> Schedule:
         """Read a schedule written by :meth:`save`; see :meth:`from_json`."""
-        return cls.from_json(Path(path).read_text(), rlg, pixels)
+        return cls.from_json(Path(path).read_text(), rlg, pixels, view_keys)
 
     def _plan(self, epoch: int) -> EpochPlan:
         """Generate epoch ``epoch``: group, order, assign, then measure conflicts."""
@@ -315,6 +334,11 @@ class Schedule:
         random_mass = conflict_by_lag(self._edges, group_of_views(random_groups, self.num_views), len(random_groups), 1)
         if config.order == "random":
             return self._assemble(epoch, random_groups, float(random_mass.sum()))
+        if config.order == "regions":
+            rng = np.random.default_rng([config.seed, epoch, 2])
+            steps = regional_steps(self._regions, config.views_per_worker, rng)
+            groups = [np.concatenate(step) for step in steps]
+            return self._assemble(epoch, groups, float(random_mass.sum()), fixed=steps)
         rng = np.random.default_rng([config.seed, epoch, 0])
         groups = grow_groups(weights, rng.permutation(self.num_views), config.step_size)
         order = order_groups(weights, groups, config.step_size, config.ring_size, rng)
@@ -325,17 +349,23 @@ class Schedule:
         return self._assemble(epoch, groups, float(random_mass.sum()), lag_mass)
 
     def _assemble(
-        self, epoch: int, groups: list[np.ndarray], random_mass: float, lag_mass: np.ndarray | None = None
+        self,
+        epoch: int,
+        groups: list[np.ndarray],
+        random_mass: float,
+        lag_mass: np.ndarray | None = None,
+        fixed: list[list[np.ndarray]] | None = None,
     ) -> EpochPlan:
         """Epoch ``epoch`` from its ordered groups of views (and their conflict mass by lag, if already measured):
-        LPT tasks, conflict masses and overlap windows."""
+        LPT tasks (or, ``fixed``, each step's views per worker as given), conflict masses and overlap windows."""
         ring = self.config.ring_size
         if lag_mass is None:
             lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), ring)
         first = epoch * self.steps_per_epoch
         steps, carried = [], [0.0] * self.config.num_workers
         for s, views in enumerate(groups):
-            steps.append(self._step(first + s, epoch, views, lag_mass[s], min(s, ring), carried))
+            given = None if fixed is None else fixed[s]
+            steps.append(self._step(first + s, epoch, views, lag_mass[s], min(s, ring), carried, given))
             carried = [load + cost for load, cost in zip(carried, steps[-1].worker_cost)]
         return EpochPlan(epoch=epoch, steps=tuple(steps), random_conflict_mass=random_mass)
 
@@ -351,13 +381,25 @@ class Schedule:
         return conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), 1)[:, 0]
 
     def _step(
-        self, index: int, epoch: int, views: np.ndarray, lag_mass: np.ndarray, max_lag: int, carried: list[float]
+        self,
+        index: int,
+        epoch: int,
+        views: np.ndarray,
+        lag_mass: np.ndarray,
+        max_lag: int,
+        carried: list[float],
+        given: list[np.ndarray] | None = None,
     ) -> Step:
         """Assemble one step: LPT tasks (on top of each worker's ``carried`` cost in the epoch so far, ties from
-        worker ``epoch mod W`` on), conflict mass with the previous step and overlap window."""
+        worker ``epoch mod W`` on) or the ``given`` views per worker, conflict mass with the previous step and
+        overlap window."""
         quota = min(self.config.views_per_worker, -(-len(views) // self.config.num_workers))
         num_workers = self.config.num_workers
-        tasks, loads = assign_lpt(views, self.view_cost, num_workers, quota, carried, first=epoch % num_workers)
+        if given is None:
+            tasks, loads = assign_lpt(views, self.view_cost, num_workers, quota, carried, first=epoch % num_workers)
+        else:
+            tasks = tuple(tuple(int(v) for v in worker) for worker in given)
+            loads = tuple(float(self.view_cost[worker].sum()) for worker in given)
         limit, depth = self.config.overlap_threshold * len(views), 0
         while depth < max_lag and lag_mass[depth] <= limit:
             depth += 1

@@ -19,6 +19,8 @@ from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns.test_training import real_scene, run_cli
 
 ITERATIONS = 14
+REGIONS = ("--pipeline.datamanager.schedule-order", "regions")
+"""The replicated reference runs the sharded mode's order (its default, auto, is regions with --sharded)."""
 DENSIFY = [
     "--pipeline.model.num-downscales", "0",
     "--pipeline.datamanager.views-per-step", "2",
@@ -79,7 +81,7 @@ def assert_same_params(a: dict, b: dict) -> None:
 @pytest.mark.slow
 def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(tmp_path: Path) -> None:
     scene = real_scene("kermit_320")
-    train(scene, tmp_path, "virtual", "--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier")
+    train(scene, tmp_path, "virtual", "--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier", *REGIONS)
     out = train(scene, tmp_path, "barrier", "--sharded", "True", "--runtime.mode", "barrier", ranks=2)
     assert "Odin sharded: rank 1 owns rows" in out
     train(scene, tmp_path, "quality", "--sharded", "True", "--runtime.mode", "quality", ranks=2)
@@ -132,7 +134,8 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     unpublished steps."""
     scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
-    train(scene, tmp_path, "virtual", *street, "--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier")
+    virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS]
+    train(scene, tmp_path, "virtual", *street, *virtual)
     for mode, link in (("barrier", "none"), ("quality", "pcie")):
         sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
         train(scene, tmp_path, mode, *street, *sharded, ranks=3)
@@ -168,7 +171,7 @@ def test_kermit_on_three_ranks_and_the_street_on_two_equal_the_replicated_barrie
     street = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
     for scene, workers in ((real_scene("kermit_320"), 3), (street, 2)):
         name = f"{scene.name}{workers}"
-        virtual = ["--pipeline.datamanager.num-workers", str(workers), "--runtime.mode", "barrier"]
+        virtual = ["--pipeline.datamanager.num-workers", str(workers), "--runtime.mode", "barrier", *REGIONS]
         train(scene, tmp_path, f"{name}-virtual", *virtual)
         train(scene, tmp_path, name, "--sharded", "True", "--runtime.mode", "barrier", ranks=workers)
         assert_same_params(checkpoint(tmp_path, name), checkpoint(tmp_path, f"{name}-virtual"))

@@ -1,0 +1,347 @@
+"""Shard bytes benchmark: bytes per rank per step of the sharded (mixed-parallel) mode, with Odin's placement
+(Z-order shards cut by load, each step's workers on the ranks owning most of their rows), against the same protocol
+with rows spread over the ranks at random (a Grendel-style placement: Grendel re-distributes Gaussians without
+regard to where the views look) and against the replicated mode's gradient exchange, for W = 2..8.
+
+Why: Gaian (arXiv 2512.20017) reports up to 91% less communication than earlier systems by placing and scheduling
+with the data-access information its API exposes; Odin's RLG, schedule and owner-side culling hold the same
+information ahead of time. What travels per step in the sharded mode (``runtime/sharding.py``): a fetch (each rank's
+tasks' candidate rows C(t), once per rank: ids, task masks, versions, values), a return (the gradient rows of their
+active rows A(t): ids, gradients) and the tasks' densification statistics (an entry per task and drawn row: task,
+row, grad2d, radii), each piece that goes to another rank crossing the link. The model here counts them from the
+candidate and active sets; a short real run counts the tensors it passes to the exchange and must equal it.
+
+Scenes: bench_exchange's (``street``: bench_runtime's street with side-looking rig views; ``object``: odin-synth's
+object, every view sees about half the model), their perturbed world as the model in Z-order, the first ``--steps``
+steps of Odin's schedule (RLG, B = 1) for each W. C(t): the runtime's culling (``CullingIndex.candidates``, default
+margin and near plane); A(t): the rows the rasterizer draws (``drawn_rows``). Placements: ``odin`` (cut by load over
+every view's candidate set, ``runtime/ownership.py``, and each step's workers placed, ``runtime/placement.py``),
+``zorder`` (the same cut, worker w on rank w), ``random`` (rows dealt to ranks by a seeded permutation, worker w on
+rank w). Replicated: the bytes the gradient exchange sends per rank (``ExchangeShape.predict``, the transport's own
+model, of each rank's union of A(t) and its statistics; the cheapest of sparse / union / dense by bytes).
+
+Check (``--check-steps``): the sharded barrier itself, W threads of one process over ``VirtualRowExchange`` with the
+learning rate at 0 (rows stay where the model has them), on the street at W = 2 and 4 with the ``odin`` placement;
+every exchange's pieces for other ranks are counted (``comm/row_link.sent_bytes``) and compared with the model.
+
+Usage: ``python benchmarks/bench_shard_bytes.py [--steps 16] [--workers 2 4 8] [--quick] [--no-write]``; ``--quick``
+runs small scenes and never writes BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from _report import BENCHMARKS, machine, publish
+from bench_exchange import object_scene, street_scene
+from bench_runtime import POINT_STRIDE
+
+from odin_nerfstudio.adapter.gsplat import GsplatAdapter
+from odin_nerfstudio.comm.exchange_choice import ExchangeShape
+from odin_nerfstudio.comm.inprocess import VirtualRowExchange
+from odin_nerfstudio.comm.row_link import sent_bytes
+from odin_nerfstudio.comm.wire import Sizes, StatsLayout
+from odin_nerfstudio.core.row_order import restore_spatial_order
+from odin_nerfstudio.core.selective_adam import selective_adams
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
+from odin_nerfstudio.culling.candidates import candidate_set
+from odin_nerfstudio.rendering.rasterize import drawn_rows
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig
+from odin_nerfstudio.runtime.culling_index import CullingIndex
+from odin_nerfstudio.runtime.metering import Meter
+from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load, views_seeing
+from odin_nerfstudio.runtime.placement import Placement, by_rank
+from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.scheduling.regions import view_keys
+from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
+from odin_nerfstudio.scenes.toy import splat
+
+NAME = "bench_shard_bytes"
+TARGET = 0.90
+"""Odin's placement must send at least 90% fewer bytes than the Grendel-style placement (Gaian's figure)."""
+INDEX, FLOAT = 8, 4
+"""Bytes of an int64 index and of a float32 value."""
+
+
+def row_widths(params: dict[str, Tensor]) -> tuple[int, int, int]:
+    """Bytes a fetched row (ids, masks, versions, values), a returned gradient row (ids, gradients) and a statistics
+    entry (task, row, grad2d, radii) take."""
+    values = sum(p[0].numel() * p.element_size() for p in params.values())
+    return 3 * INDEX + values, INDEX + values, 2 * INDEX + 2 * FLOAT
+
+
+@dataclass
+class Sets:
+    """A scene in Z-order: its model, one task per view, and per view C(t) and A(t) (sorted int64 rows)."""
+
+    name: str
+    params: dict[str, Tensor]
+    views: list[Task]
+    candidates: list[Tensor]
+    active: list[Tensor]
+    world: object
+    cameras: list
+
+
+def scene_sets(name: str, args: argparse.Namespace) -> Sets:
+    """The scene's model in Z-order with every view's candidate and drawn rows."""
+    params, cameras, world = (street_scene if name == "street" else object_scene)(args)
+    restore_spatial_order(params, {}, None)
+    config = OdinRuntimeConfig()
+    index = CullingIndex(params, GsplatAdapter(), config.candidate_margin, config.near_plane)
+    views = [Task(0, 0, 0, view, camera) for view, camera in enumerate(cameras)]
+    candidates = [index.candidates(view) for view in views]
+    drawn = [drawn_rows(view.camera, params) for view in views]
+    active = [rows[mask[rows]] for rows, mask in zip(candidates, drawn, strict=True)]  # A(t) within C(t)
+    return Sets(name, params, views, candidates, active, world, cameras)
+
+
+def schedule_for(sets: Sets, workers: int, steps: int, order: str, seed: int) -> list:
+    """The first ``steps`` steps of the schedule in ``order`` (B = 1), the RLG over "SfM points" every 16th Gaussian
+    of the world (as bench_runtime's)."""
+    points = sets.world.means[::POINT_STRIDE]
+    scales = sets.world.scales[::POINT_STRIDE]
+    point_sets = [candidate_set(points, scales, camera, margin=0.0).numpy() for camera in sets.cameras]
+    config = ScheduleConfig(num_workers=workers, views_per_worker=1, seed=seed, order=order)
+    keys = view_keys(point_sets, np.arange(points.shape[0]), points.numpy()) if order == "regions" else None
+    schedule = Schedule(RelativeLocalityGraph.from_point_sets(point_sets), config, view_keys=keys)
+    return [
+        [[Task(s, w, b, view, sets.cameras[view]) for b, view in enumerate(schedule.at(s).tasks[w])] for w in range(workers)]
+        for s in range(min(steps, schedule.steps_per_epoch))
+    ]
+
+
+def owners(sets: Sets, placement: str, workers: int, seed: int) -> Tensor:
+    """Each row's owner under ``placement``: cut by load in Z-order (odin, zorder) or dealt at random (random)."""
+    n = sets.params["means"].shape[0]
+    if placement == "random":  # else "zorder"
+        dealt = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        owner = torch.empty(n, dtype=torch.int64)
+        owner[dealt] = torch.arange(n) % workers
+        return owner
+    config = OdinRuntimeConfig()
+    index = CullingIndex(sets.params, GsplatAdapter(), config.candidate_margin, config.near_plane)
+    cuts = cut_by_load(row_load(views_seeing(index, sets.views)), workers)
+    return cuts.owner_of(torch.arange(n))
+
+
+def step_bytes(sets: Sets, schedule: list, owner: Tensor, placed: bool, workers: int) -> list[list[int]]:
+    """Per step and rank, the bytes it sends to other ranks: its shard's rows fetched by others, its tasks'
+    gradient rows and statistics entries returned to other owners."""
+    fetch_row, return_row, entry = row_widths(sets.params)
+    table = torch.stack([torch.bincount(owner[c], minlength=workers) for c in sets.candidates])
+    placement = Placement(table) if placed else None
+    out = []
+    for step in schedule:
+        tasks = by_rank(step, placement.ranks_of(step)) if placement is not None else step
+        sent = [0] * workers
+        for rank, rank_tasks in enumerate(tasks):
+            if not rank_tasks:
+                continue
+            read = torch.unique(torch.cat([sets.candidates[t.view] for t in rank_tasks]))
+            for source in owner[read][owner[read] != rank].tolist():  # fetched: the owner sends
+                sent[source] += fetch_row
+            drawn = torch.unique(torch.cat([sets.active[t.view] for t in rank_tasks]))
+            sent[rank] += return_row * int((owner[drawn] != rank).sum())
+            sent[rank] += entry * sum(int((owner[sets.active[t.view]] != rank).sum()) for t in rank_tasks)
+        out.append(sent)
+    return out
+
+
+def replicated_bytes(sets: Sets, schedule: list, workers: int) -> list[int]:
+    """Per step, the bytes a rank sends in the replicated gradient exchange (the transport's model, by bytes)."""
+    params = sets.params
+    width = sum(p[0].numel() for p in params.values())
+    shape = ExchangeShape(workers, width, FLOAT, StatsLayout.of(STATS_SCHEMA), len(params))
+    out = []
+    for step in schedule:
+        sizes, rows = [], []
+        for tasks in step:
+            drawn = torch.unique(torch.cat([sets.active[t.view] for t in tasks])) if tasks else torch.zeros(0, dtype=torch.int64)
+            entries = sum(sets.active[t.view].numel() for t in tasks)
+            span = int(drawn.max()) + 1 if drawn.numel() else 0
+            sizes.append(Sizes(drawn.numel(), entries, len(tasks), span))
+            rows.append(drawn)
+        union = torch.unique(torch.cat(rows)).numel()
+        out.append(min(shape.predict(sizes, union).values()))
+    return out
+
+
+class CountingExchange:
+    """A rank's row exchange that counts the bytes of the pieces it sends to other ranks, per exchange name."""
+
+    def __init__(self, inner, rank: int) -> None:
+        self.inner, self.rank = inner, rank
+        self.sent: dict[str, int] = {}
+
+    def start(self, pieces, what: str):
+        self.sent[what] = self.sent.get(what, 0) + sent_bytes(pieces, self.rank)
+        return self.inner.start(pieces, what)
+
+
+def counted_bytes(sets: Sets, schedule: list, owner: Tensor, workers: int) -> list[list[int]]:
+    """The sharded barrier (``odin`` placement, learning rate 0) on W threads: per step and rank, the bytes of the
+    fetch, return and statistics pieces it sent to other ranks."""
+    cuts = ShardCuts(torch.tensor([0, *torch.bincount(owner, minlength=workers).cumsum(0).tolist()]))
+    config = OdinRuntimeConfig(mode="barrier")
+    exchange = VirtualRowExchange(workers)
+    loops, counters = [], []
+    for rank in range(workers):
+        lo, hi = cuts.range(rank)
+        shard = {name: torch.nn.Parameter(p[lo:hi].clone()) for name, p in sets.params.items()}
+        optimizers = selective_adams(shard, {name: 0.0 for name in shard})
+        adapter = GsplatAdapter()
+        owner_ = Owner(shard, optimizers, cuts, rank, adapter, config.candidate_margin, config.near_plane)
+        reader = Reader(cuts, shard, render_black, adapter, Meter(torch.device("cpu")), 0, config.ring_slots, True)
+        counting = CountingExchange(exchange.endpoint(rank), rank)
+        loops.append(ShardedLoop(owner_, reader, counting, rank, lambda s: schedule[s], "barrier", len(schedule) - 1, 300.0))
+        counters.append(counting)
+    per_step: list[list[int]] = []
+    errors: list[BaseException] = []
+    lock = threading.Barrier(workers)
+
+    def run(rank: int) -> None:
+        try:
+            loops[rank].place(sets.views)
+            for step in range(len(schedule)):
+                before = sum(counters[rank].sent.values())
+                loops[rank].iteration(step)
+                lock.wait()
+                if rank == 0:
+                    per_step.append([0] * workers)
+                lock.wait()
+                per_step[step][rank] = sum(counters[rank].sent.values()) - before
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            lock.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return per_step
+
+
+def render_black(task: Task, leaves: dict[str, Tensor], generator: torch.Generator):
+    """The task's image (the project's CPU rasterizer) against black: the bytes do not depend on the loss."""
+    image, info = splat(task, leaves, generator)
+    return image.abs().mean(), info
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--quick`` shrinks everything and never writes)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="*", default=[2, 4, 8], help="W values")
+    parser.add_argument("--steps", type=int, default=16, help="schedule steps per (scene, W)")
+    parser.add_argument("--check-steps", type=int, default=4, help="steps of the real sharded run that checks the model")
+    parser.add_argument("--street-gaussians", type=int, default=50_000)
+    parser.add_argument("--street-length", type=float, default=100.0)
+    parser.add_argument("--object-gaussians", type=int, default=20_000)
+    parser.add_argument("--object-views", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="small scenes, W = 2 and 4, print only")
+    parser.add_argument("--output", default=BENCHMARKS, help="markdown file to update")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workers, args.steps, args.check_steps, args.no_write = [2, 4], 4, 2, True
+        args.street_gaussians, args.object_gaussians, args.street_length, args.object_views = 6000, 3000, 40.0, 16
+    return args
+
+
+def mean_per_rank(per_step: list[list[int]]) -> float:
+    """Mean bytes per rank per step."""
+    return sum(sum(step) for step in per_step) / max(sum(len(step) for step in per_step), 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Model every (scene, W, placement), check the model against a real run, print and record the table."""
+    args = parse_args(argv)
+    command = "python " + shlex.join(["benchmarks/bench_shard_bytes.py", *(sys.argv[1:] if argv is None else argv)])
+    torch.set_num_threads(1)
+    lines = [
+        "| scene | W | odin KiB | locality schedule KiB | random (Grendel-style) KiB | replicated exchange KiB "
+        "| odin / random | odin / replicated |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    verdicts, checks = [], []
+    for name in ("street", "object"):
+        sets = scene_sets(name, args)
+        for workers in args.workers:
+            regional = schedule_for(sets, workers, args.steps, "regions", args.seed)
+            schedule = schedule_for(sets, workers, args.steps, "rlg", args.seed)
+            zorder, dealt = owners(sets, "zorder", workers, args.seed), owners(sets, "random", workers, args.seed)
+            figures = {
+                "odin": mean_per_rank(step_bytes(sets, regional, zorder, True, workers)),
+                "rlg": mean_per_rank(step_bytes(sets, schedule, zorder, True, workers)),
+                "random": mean_per_rank(step_bytes(sets, schedule, dealt, False, workers)),
+            }
+            replicated = sum(replicated_bytes(sets, schedule, workers)) / len(schedule)
+            saved = 1.0 - figures["odin"] / figures["random"]
+            verdicts.append((name, workers, saved))
+            lines.append(
+                f"| {name} | {workers} | {figures['odin'] / 1024:,.0f} | {figures['rlg'] / 1024:,.0f} "
+                f"| {figures['random'] / 1024:,.0f} | {replicated / 1024:,.0f} | {figures['odin'] / figures['random']:.3f} "
+                f"| {figures['odin'] / replicated:.3f} |"
+            )
+            print(lines[-1], flush=True)
+            if name == "street" and workers in (2, 4):
+                short = regional[: args.check_steps]
+                model = step_bytes(sets, short, zorder, True, workers)
+                counted = counted_bytes(sets, short, zorder, workers)
+                checks.append((workers, model, counted))
+    text = report(args, command, lines, verdicts, checks)
+    print(text)
+    publish(NAME, text, None if args.no_write else args.output)
+
+
+def report(args, command: str, lines: list[str], verdicts: list, checks: list) -> str:
+    """The markdown section (without markers)."""
+    met = [f"{name} W={w}: {saved:.1%} fewer" for name, w, saved in verdicts]
+    out = [
+        "## bench_shard_bytes: bytes per rank per step, sharded with Odin's placement against a Grendel-style one",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}  ",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        "",
+        f"Scenes: street ({args.street_gaussians:,} Gaussians along {args.street_length:.0f} m, side-looking rig), object "
+        f"({args.object_gaussians:,} Gaussians, {args.object_views} ring views); the first {args.steps} steps of Odin's "
+        "schedule (B = 1) per W. Bytes each rank sends to other ranks per step (fetch, return, statistics; the replicated "
+        "column: the gradient exchange), KiB = 1024 bytes. `odin`: the regional order (`--pipeline.datamanager."
+        "schedule-order regions`, each worker its own region's views), the Z-order model cut by load, each step's "
+        "workers placed on the ranks owning most of their rows; `locality schedule`: the same shards and placement "
+        "under the default locality order (a step's views strongly connected); `random`: the locality order with "
+        "rows dealt to ranks at random, as Grendel re-distributes them; `replicated`: the replicated mode's gradient "
+        "exchange under the locality order.",
+        "",
+        *lines,
+        "",
+        f"- Target: at least {TARGET:.0%} fewer bytes than the Grendel-style placement: " + "; ".join(met) + ".",
+    ]
+    for workers, model, counted in checks:
+        equal = model == counted
+        out.append(
+            f"- Check, street W = {workers}, {len(model)} steps of the real sharded barrier: counted from the pieces "
+            f"passed to the exchange {'equal to' if equal else 'NOT equal to'} the model per rank and step "
+            f"(model {mean_per_rank(model) / 1024:,.1f} KiB, counted {mean_per_rank(counted) / 1024:,.1f} KiB per rank per step)."
+        )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
