@@ -332,6 +332,7 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("sharded: bytes sent per rank per step (to the collectives); rows served, fetched per step", shard_bytes(run)),
+        ("sharded: rows served per rank, max / mean; render + backward per rank", owner_balance(run)),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),
         ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.typical.psnr - 1:+.1%}"),
         ("wall time of the command (start-up included), median run", f"{run.wall_s:.0f} s"),
@@ -348,6 +349,17 @@ def shard_bytes(run: ModeRun) -> str:
     served = sum(c["rows_served"] for c in run.counters) / steps
     fetched = sum(c["rows_fetched"] for c in run.counters) / steps
     return f"{sent / 1024:.0f} KiB; {served:.0f}, {fetched:.0f}"
+
+
+def owner_balance(run: ModeRun) -> str:
+    """A sharded run's slowest owner against the mean (rows served) and each rank's render + backward seconds; "-"
+    for a replicated run."""
+    if not all("rows_served" in c for c in run.counters):
+        return "-"
+    served = [c["rows_served"] for c in run.counters]
+    mean = sum(served) / len(served)
+    compute = " / ".join(f"{r.render_s + r.backward_s:.1f} s" for r in run.metrics.ranks)
+    return f"{max(served) / mean if mean else 1.0:.2f}; {compute}"
 
 
 def table(variants: list[Variant]) -> list[str]:
