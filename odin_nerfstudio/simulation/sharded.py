@@ -196,7 +196,8 @@ class _RowHandle:
 class ShardedSimulation(Simulation):
     """Runs a sharded :class:`~odin_nerfstudio.simulation.simulator.SimulationConfig` (``sharded=True``): W ranks,
     each an owner and a reader driven by the real :class:`ShardedLoop` (see the module); with ``record_decisions``,
-    each rank's trace of exchanges and renders in the order it took them."""
+    each rank's trace of exchanges and renders in the order it took them. After :meth:`run`, ``loops`` holds the
+    ranks' loops (their timelines and counters)."""
 
     def cuts(self) -> ShardCuts:
         """The shards, cut by load on the workload's sets (each row's views, as ``odin-train --sharded`` counts)."""
@@ -218,7 +219,7 @@ class ShardedSimulation(Simulation):
         self._steps: dict[int, list[list[Task]]] = {}
         exchange = ModeledRowExchange(config.num_workers, self.clock, self.interconnect, traces)
         cuts = self.cuts()
-        loops = [self._rank(rank, cuts, exchange, traces) for rank in range(config.num_workers)]
+        self.loops = loops = [self._rank(rank, cuts, exchange, traces) for rank in range(config.num_workers)]
 
         def work(loop: ShardedLoop) -> None:
             for step in range(config.steps):
