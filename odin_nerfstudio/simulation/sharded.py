@@ -261,12 +261,13 @@ class ShardedSimulation(Simulation):
         )  # fmt: skip
 
 
-def simulate_sharded(
+def predict(
     workload: Workload,
     costs: CostModel,
     interconnect: Interconnect,
     config: SimulationConfig,
     measured: dict[tuple[int, int], float] | None = None,
 ) -> SimulationResult:
-    """Simulate one sharded run (see :class:`ShardedSimulation`)."""
-    return ShardedSimulation(workload, costs, interconnect, config, measured).run()
+    """Simulate one run, sharded (:class:`ShardedSimulation`) or replicated (``Simulation``) as ``config`` says."""
+    kind = ShardedSimulation if config.sharded else Simulation
+    return kind(workload, costs, interconnect, config, measured).run()
