@@ -156,7 +156,8 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
     error = predicted.views_per_s / measured.views_per_s - 1.0
     return [
         f"costs: {costs.describe()}",
-        f"{run}: {'sharded ' if settings.sharded else ''}{settings.mode}, W = {settings.num_workers} in {settings.processes} process(es), B = "
+        f"{run}: {'sharded ' if settings.sharded else ''}{settings.mode}, W = {settings.num_workers} in "
+        f"{settings.processes} process(es), B = "
         f"{settings.views_per_worker}, K = {settings.ring_slots}, {settings.steps} steps, interconnect "
         f"{settings.interconnect}",
         f"views/s measured {measured.views_per_s:.2f}, predicted {predicted.views_per_s:.2f} ({error:+.0%}); idle "

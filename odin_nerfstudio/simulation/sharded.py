@@ -169,7 +169,8 @@ def piece_bytes(piece: Rows) -> int:
     the parameter (or gradient) columns, which the simulator's tables hold only a few floats of."""
     rows = int(piece["ids"].numel())
     values = any(name in piece for name in PARAMS)
-    return sum(tensor_bytes(t) for name, t in piece.items() if name not in PARAMS) + (VALUE_BYTES * rows if values else 0)
+    other = sum(tensor_bytes(t) for name, t in piece.items() if name not in PARAMS)
+    return other + (VALUE_BYTES * rows if values else 0)
 
 
 class _RowEndpoint:
