@@ -226,32 +226,39 @@ def synthetic_workload(name: str, points: np.ndarray, viewmats: np.ndarray, pres
 def prediction_scenes(args: argparse.Namespace) -> list[Workload]:
     """The street two ways (bench_train's panning path lengthened, and a side-looking scan rig), the city and the
     dense object (see the module)."""
-    spacing = 2.5
-    length = spacing * args.big_views / 2 + 4.0
-    rng = np.random.default_rng([0, 0])
-    street_points = street_world(int(POINTS_PER_METRE * length), rng, length=length).means.numpy()
+    street_points, length, spacing = street_scene(args.big_views)
     panning = synthetic_workload(
         f"street, bench_train's panning path, {args.big_views} views along {length:.0f} m",
         street_points,
         street_cameras(args.big_views, length),
         "street",
     )
-    scan = synthetic_workload(
-        f"street, scan rig (side views every {spacing} m), {args.big_views} views",
-        street_points,
-        street_rig_cameras(length, spacing)[: args.big_views],
-        "street",
-    )
+    scan = scan_rig_workload(street_points, length, spacing, args.big_views)
     city = city_point_sets(CityConfig(num_views=args.big_views))
     city_workload = Workload.from_point_sets(f"citygen city, {args.big_views} views", city.point_sets)
-    object_points = object_world(2000, np.random.default_rng([0, 0])).means.numpy()
-    dense = synthetic_workload(
-        f"odin-synth object (dense), {args.object_views} views",
-        object_points,
-        object_cameras(args.object_views),
-        "object",
-    )
+    dense = dense_workload(object_world(2000, np.random.default_rng([0, 0])).means.numpy(), args.object_views)
     return [panning, scan, city_workload, dense]
+
+
+def street_scene(views: int) -> tuple[np.ndarray, float, float]:
+    """The predicted street's SfM points (bench_train's density), its length and the scan rig's spacing (m), long
+    enough for ``views`` views."""
+    spacing = 2.5
+    length = spacing * views / 2 + 4.0
+    rng = np.random.default_rng([0, 0])
+    return street_world(int(POINTS_PER_METRE * length), rng, length=length).means.numpy(), length, spacing
+
+
+def scan_rig_workload(points: np.ndarray, length: float, spacing: float, views: int) -> Workload:
+    """The street seen by a side-looking scan rig, ``views`` views."""
+    cameras = street_rig_cameras(length, spacing)[:views]
+    name = f"street, scan rig (side views every {spacing} m), {views} views"
+    return synthetic_workload(name, points, cameras, "street")
+
+
+def dense_workload(points: np.ndarray, views: int) -> Workload:
+    """The dense odin-synth object of ``points``, ``views`` views around it."""
+    return synthetic_workload(f"odin-synth object (dense), {views} views", points, object_cameras(views), "object")
 
 
 def predict(

@@ -85,3 +85,12 @@ def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_wr
         shard_rows = sum(int(row[2].replace(",", "")) for row in rows[:-1])
         assert shard_rows == int(rows[-1][2].replace(",", "")) == 20_000, "the shards cut the replica's rows"
     assert "updated" not in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_simulate_sharded_quick_replays_sharded_runs_and_predicts_without_writing() -> None:
+    result = run_quick("bench_simulate_sharded", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| sharded run (2 gloo ranks) |" in result.stdout and "| throughput |" in result.stdout
+    assert "| citygen city, 128 views" in result.stdout and "sharded quality / sharded barrier" in result.stdout
+    assert "updated" not in result.stdout

@@ -123,6 +123,8 @@ class Owner:
         margin, near_plane: the culling frustum's widening and near plane (as the replicated runtime culls).
         start_step: the first step (the steps before count as published).
         strategy_state: the shard's densification statistics (gsplat's strategy state over its rows), or None.
+        index: the shard's culling index (default: a :class:`CullingIndex` of ``params``; the simulator passes one
+            whose C(t) is a workload's set).
     """
 
     def __init__(
@@ -136,13 +138,14 @@ class Owner:
         near_plane: float,
         start_step: int = 0,
         strategy_state: dict[str, Any] | None = None,
+        index: CullingIndex | None = None,
     ) -> None:
         self.lo, hi = cuts.range(rank)
         if params["means"].shape[0] != hi - self.lo:
             raise ValueError(f"rank {rank} owns ids {self.lo}..{hi - 1} but holds {params['means'].shape[0]} rows")
         self.params, self.optimizers, self.cuts, self.rank = params, optimizers, cuts, rank
         self.adapter, self.strategy_state = adapter, strategy_state
-        self.index = CullingIndex(params, adapter, margin, near_plane)
+        self.index = index if index is not None else CullingIndex(params, adapter, margin, near_plane)
         self.tables = PrimitiveTables.create(hi - self.lo, device=params["means"].device)
         self.publisher = Publisher(params, optimizers, adapter, None, start_step - 1, record_rows=False)
         self.pending: dict[int, Tensor] = {}
@@ -420,7 +423,7 @@ class Reader:
         keep = self.adapter.before_backward if self.keeps_stats else None
         info = self.meter.render_and_backward(self.render_fn, read, keep)
         stats = self.adapter.task_stats(info, candidate) if self.keeps_stats else None
-        active = self.adapter.active_mask(info, candidate.numel())
+        active = None if info is None else self.adapter.active_mask(info, candidate.numel())
         self.shadow.stage_task(task.key, candidate, leaves, active, () if stats is None else (stats,))
         fetched.started.add(task.index)
 

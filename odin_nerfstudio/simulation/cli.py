@@ -7,7 +7,9 @@ config.yml; an ``odin-synth`` scene, fern). For each W of ``--workers`` and each
 ``--steps`` schedule steps (``simulator.py``) behind ``--interconnect`` and prints views/s, the speed-up over the
 barrier, the idle share, the exposed wait per view, the hidden wait and the conflict rate. ``--replay`` instead
 simulates the first run as it ran (its mode, W, B, K, steps, processes, interconnect, recorded |C(t)|) and prints
-the measured and predicted views/s side by side.
+the measured and predicted views/s side by side. ``--sharded`` simulates the sharded mode (``sharded.py``: a shard
+of the Gaussians per rank, rows fetched from their owners and gradients returned over a row all-to-all, the modes
+barrier, quality and throughput); a replay of a run trained with ``--sharded True`` is simulated sharded.
 
 Example: ``odin-simulate --run outputs/street/odin-splat/run --scene data/synth/street --workers 2 8 64
 --interconnect 10gbe --collective allgather``.
@@ -23,12 +25,14 @@ from typing import Literal, Optional
 import tyro
 
 from odin_nerfstudio.core.timeline_metrics import load_run
+from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
 from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
 from odin_nerfstudio.scheduling.tracks import RlgPoints
 from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
 from odin_nerfstudio.simulation.run_folder import read_run_settings
-from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationResult, simulate
+from odin_nerfstudio.simulation.sharded import predict
+from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationResult
 from odin_nerfstudio.simulation.workload import Workload
 
 
@@ -75,6 +79,9 @@ class SimulateCliConfig:
     """The RLG's point sets, as the run's --pipeline.datamanager.rlg-points (runs before main's 5084c83: observed)."""
     seed: int = 0
     """The schedule's seed."""
+    sharded: bool = False
+    """Simulate the sharded mode (odin-train's --sharded: a shard per rank; barrier, quality and throughput), its
+    row all-to-all behind --interconnect (one link per pair with emulated, one per rank otherwise)."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -96,6 +103,8 @@ def run(config: SimulateCliConfig) -> list[str]:
     """
     if any(w < 1 for w in config.workers) or config.steps < 1 or config.downscale < 1:
         raise ValueError("--workers, --steps and --downscale must be >= 1")
+    if config.sharded and (config.virtual or set(config.modes) - set(SHARDED_MODES)):
+        raise ValueError(f"--sharded runs a rank per worker (no --virtual) and the modes {', '.join(SHARDED_MODES)}")
     if not config.run and (config.costs is None or config.scene is None or config.replay):
         raise ValueError("pass --run (a run folder), or --costs with --scene (--replay needs --run)")
     costs = CostModel.load(config.costs) if config.costs is not None else CostModel.fit(config.run)
@@ -118,7 +127,7 @@ def run(config: SimulateCliConfig) -> list[str]:
     ]
     for workers in config.workers:
         results = {
-            mode: simulate(workload, costs, interconnect, simulation_config(config, mode, workers))
+            mode: predict(workload, costs, interconnect, simulation_config(config, mode, workers))
             for mode in config.modes
         }
         barrier = results.get("barrier")
@@ -138,15 +147,17 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
         workers_per_process=settings.num_workers // settings.processes,
         remote_writes=config.remote_writes,
         seed=settings.seed,
+        sharded=settings.sharded,
     )
     interconnect = Interconnect.preset(settings.interconnect, "emulated", costs.base_s)
     sized = workload.with_sizes(recorded_sizes([run]))
-    predicted = simulate(sized, costs, interconnect, simulation, measured=recorded_durations([run]))
+    predicted = predict(sized, costs, interconnect, simulation, measured=recorded_durations([run]))
     measured = load_run(run)[0]
     error = predicted.views_per_s / measured.views_per_s - 1.0
     return [
         f"costs: {costs.describe()}",
-        f"{run}: {settings.mode}, W = {settings.num_workers} in {settings.processes} process(es), B = "
+        f"{run}: {'sharded ' if settings.sharded else ''}{settings.mode}, W = {settings.num_workers} in "
+        f"{settings.processes} process(es), B = "
         f"{settings.views_per_worker}, K = {settings.ring_slots}, {settings.steps} steps, interconnect "
         f"{settings.interconnect}",
         f"views/s measured {measured.views_per_s:.2f}, predicted {predicted.views_per_s:.2f} ({error:+.0%}); idle "
@@ -165,6 +176,7 @@ def simulation_config(config: SimulateCliConfig, mode: str, workers: int) -> Sim
         workers_per_process=workers if config.virtual else 1,
         remote_writes=config.remote_writes,
         seed=config.seed,
+        sharded=config.sharded,
     )
 
 

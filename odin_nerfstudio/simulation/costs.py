@@ -11,7 +11,9 @@ counters (``odin_counters_rank<r>.json``):
 - publication: a + b rows (the publish spans, which carry the rows published);
 - the exchange's own time on the run's transport (``base_s``): per step, the first publication on any rank after
   the last rank sent its part, the lower quartile over steps (torch.distributed's payload leaves only when every
-  rank polls, so most steps also hold a rank's unfinished render, which the simulator adds itself);
+  rank polls, so most steps also hold a rank's unfinished render, which the simulator adds itself); a sharded run
+  (no such spans): per fetch, the shortest wait of a rank (the last to send waits for the all-to-all alone), the
+  median over fetches;
 - the re-runs validation adds besides stale reads (``rerun_share``: re-runs less "stale" failures, per task; escapes
   on bench_train's street), which the simulator adds to every task's time in the modes that re-run them;
 - the trainer's time per step outside the runtime (``step_overhead_s``: nerfstudio's iteration, the step's tasks
@@ -111,7 +113,7 @@ class CostModel:
         runs_of = {}
         for rank in ranks:
             runs_of.setdefault(rank.run, []).append(rank)
-        bases = [_exchange_base_s(group) for group in runs_of.values() if len(group) > 1]
+        bases = [_exchange_base_s(g) or _row_exchange_base_s(g) for g in runs_of.values() if len(g) > 1]
         task = LinearFit.of(samples[:, :2], samples[:, 2])
         residuals = samples[:, 2] - np.array([task(c, p) for c, p in samples[:, :2]])
         return cls(
@@ -206,8 +208,8 @@ class _RankTrace:
     def bookkeeping_per_task_s(self) -> float | None:
         """The hooks' time per render, publications left out (they are fitted on their own)."""
         renders = sum(1 for e in self.events if e.name == "render")
-        if self.counters is None or not renders:
-            return None
+        if self.counters is None or "bookkeeping_ns" not in self.counters or not renders:
+            return None  # a sharded run's counters hold no bookkeeping time
         return max(self.counters["bookkeeping_ns"] / 1e9 - self._total_s("publish"), 0.0) / renders
 
     def rerun_share(self) -> float:
@@ -226,8 +228,9 @@ class _RankTrace:
         start = min(e.start_ns for e in renders)
         span = (max(e.end_ns for e in self.events) - start) / 1e9
         compute = self._total_s("render") + self._total_s("backward")
-        compute += self.counters["bookkeeping_ns"] / 1e9 if self.counters else self._total_s("publish")
-        comm = self.counters["comm_ns"] / 1e9 if self.counters else 0.0
+        counters = self.counters or {}
+        compute += counters["bookkeeping_ns"] / 1e9 if "bookkeeping_ns" in counters else self._total_s("publish")
+        comm = counters.get("comm_ns", 0) / 1e9
         waits = _union_s([(e.start_ns, e.end_ns) for e in self.events if e.name == "wait"])
         steps = len({e.step for e in renders})
         return max(span - compute - max(waits, comm), 0.0) / max(steps, 1)
@@ -260,6 +263,15 @@ def _exchange_base_s(ranks: Sequence[_RankTrace]) -> float | None:
         if len(times) == len(ranks) and step in publishes
     ]
     return max(float(np.percentile(gaps, 25)), 0.0) if gaps else None
+
+
+def _row_exchange_base_s(ranks: Sequence[_RankTrace]) -> float | None:
+    """A sharded run's (no comm spans): the median over its fetches of the shortest wait any rank had for it (the
+    last rank to send waits only for the all-to-all itself); None without fetch waits."""
+    waits = [[e.end_ns - e.start_ns for e in rank.events if e.name == "wait" and e.args.get("reason") == "fetch"]
+             for rank in ranks]
+    shortest = [min(each) / 1e9 for each in zip(*waits)]
+    return float(np.median(shortest)) if shortest else None
 
 
 def recorded_durations(runs: Sequence[Path]) -> dict[tuple[int, int], float]:

@@ -17,6 +17,12 @@ question per step: the time every worker holds the merged update. Four answers, 
 - the bytes of every collective are the transport's own byte model (``comm/exchange_choice.py``'s
   :class:`RingBytes`, and its ``fastest`` for ``chosen``), given a part's rows of ``row_bytes`` each.
 - every collective adds ``base_s`` after the last part is sent: the real transport's own time (gloo on loopback).
+
+The sharded mode's row all-to-all (``comm/all_to_all.py``) is two collectives, the counts then the payload, and a
+rank's piece for itself never crosses the link: :meth:`Interconnect.all_to_all_s` gives its time after the last
+piece is sent, ``base_s`` plus one latency per collective (every rank sends to every peer at once, as gloo's and
+NCCL's all-to-all post their sends together) plus the payload at the bandwidth: ``emulated``, the largest piece
+(every pair its own link); any other, the most bytes one rank sends or receives (one link per rank).
 """
 
 from __future__ import annotations
@@ -112,3 +118,17 @@ class Interconnect:
             name: (nbytes, latencies[name] * self.latency_s + nbytes / self.bandwidth_bytes_per_s)
             for name, nbytes in sent.items()
         }
+
+    def all_to_all_s(self, nbytes: Sequence[Sequence[int]]) -> float:
+        """Seconds a row all-to-all takes after its last piece is sent (see the module): ``nbytes[r][d]`` the bytes
+        rank r sends rank d."""
+        workers = len(nbytes)
+        if workers == 1:
+            return self.base_s
+        crossing = [[0 if src == dest else size for dest, size in enumerate(row)] for src, row in enumerate(nbytes)]
+        if self.collective == "emulated":
+            payload = max(max(row) for row in crossing)
+        else:
+            received = [sum(row[dest] for row in crossing) for dest in range(workers)]
+            payload = max(max(sum(row) for row in crossing), max(received))
+        return self.base_s + 2 * self.latency_s + payload / self.bandwidth_bytes_per_s

@@ -48,6 +48,7 @@ class RunSettings:
         steps: schedule steps trained.
         seed: the schedule's seed.
         processes: processes (ranks) that trained: W with one worker each, 1 with virtual workers.
+        sharded: whether it trained with ``--sharded True`` (a shard of the Gaussians per rank).
     """
 
     scene: Path
@@ -59,6 +60,7 @@ class RunSettings:
     steps: int
     seed: int
     processes: int
+    sharded: bool = False
 
 
 def read_run_settings(run: Path) -> RunSettings:
@@ -86,6 +88,7 @@ def read_run_settings(run: Path) -> RunSettings:
             steps=int(config["max_num_iterations"]),
             seed=int(datamanager.get("schedule_seed", 0)),
             processes=processes,
+            sharded=bool(config.get("sharded", False)),
         )
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path} is not an odin-splat config: it lacks {error}") from None

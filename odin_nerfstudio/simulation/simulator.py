@@ -31,6 +31,7 @@ import torch
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.tasks import Task, task_generator
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, rank_metrics
+from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
 from odin_nerfstudio.drivers.training_loop import LoopConfig, TrainingLoop
 from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
@@ -64,6 +65,7 @@ class SimulationConfig:
         seed: the schedule's seed (and the residuals' draws).
         row_bytes: bytes per active row of an exchanged update.
         record_decisions: keep each process's decision trace (``SimulationResult.decisions``).
+        sharded: the sharded mode (``drivers/sharded_loop.py``: a rank per worker, run by ``sharded.py``).
     """
 
     runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
@@ -76,6 +78,7 @@ class SimulationConfig:
     seed: int = 0
     row_bytes: int = ROW_BYTES
     record_decisions: bool = False
+    sharded: bool = False
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:
@@ -84,6 +87,11 @@ class SimulationConfig:
             raise ValueError(f"workers_per_process ({self.workers_per_process}) must divide W ({self.num_workers})")
         if self.remote_writes not in ("drawn", "candidates"):
             raise ValueError(f"remote_writes must be 'drawn' or 'candidates', got {self.remote_writes!r}")
+        if self.sharded and (self.runtime.mode not in SHARDED_MODES or self.workers_per_process != 1):
+            raise ValueError(
+                f"the sharded mode runs {', '.join(SHARDED_MODES)} on a rank per worker, got mode "
+                f"{self.runtime.mode!r} with {self.workers_per_process} workers per process"
+            )
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K and seed."""
@@ -149,8 +157,6 @@ class Simulation:
         self._residuals = np.asarray(costs.residuals, dtype=np.float64)
         reruns = POLICIES[config.runtime.mode].of(config.runtime).reruns(["escape"])
         self._rerun_share = costs.rerun_share if reruns else 0.0
-        template = {name: torch.zeros(workload.num_rows, 3) for name in ("means", "scales")}
-        self.transport = ModeledTransport(config.num_workers, template, self.clock, interconnect, config.row_bytes)
 
     def tasks(self, step: int, worker: int) -> tuple[int, ...]:
         """The views ``worker`` renders in ``step``."""
@@ -201,6 +207,8 @@ class Simulation:
         config = self.config
         per = config.workers_per_process
         groups = [list(range(p * per, (p + 1) * per)) for p in range(config.num_workers // per)]
+        template = {name: torch.zeros(self.workload.num_rows, 3) for name in ("means", "scales")}
+        self.transport = ModeledTransport(config.num_workers, template, self.clock, self.interconnect, config.row_bytes)
         processes = [self._process(workers) for workers in groups]
 
         def work(loop: TrainingLoop) -> None:

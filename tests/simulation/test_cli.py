@@ -48,3 +48,16 @@ def test_replay_compares_a_run_with_its_simulation(tmp_path: Path, capsys: pytes
     # the saved model reads back and drives a simulation of the scene without any run
     cli.main(["--costs", str(tmp_path / "costs.json"), "--scene", str(TESTS_DATA / "kermit_320"), "--workers", "2"])
     assert "| 2 | quality |" in capsys.readouterr().out
+
+
+def test_cli_simulates_the_sharded_mode_and_refuses_what_it_does_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = write_run(tmp_path / "run")
+    argv = ["--run", str(run), "--scene", str(TESTS_DATA / "kermit_320"), "--workers", "2", "--steps", "4"]
+    cli.main([*argv, "--sharded", "--modes", "barrier", "quality", "--interconnect", "10gbe"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["barrier", "quality"]
+    assert all(float(row.split("|")[3]) > 0 for row in rows)
+    with pytest.raises(SystemExit, match="--sharded runs a rank per worker"):
+        cli.main([*argv, "--sharded", "--modes", "ddp"])

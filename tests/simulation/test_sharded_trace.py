@@ -1,0 +1,165 @@
+"""One protocol, sharded: real sharded ranks and the simulator's sharded mode take the same decisions.
+
+The same schedule runs through ``ShardedLoop`` twice on two ranks: on the toy scene's real shards (real culling,
+renders and Adam, ranks as threads over ``VirtualRowExchange``) and through the simulator (the workload of that
+scene's candidate sets, a modeled exchange on the virtual clock). Per mode, each rank's trace (every exchange it
+started, with the rows or flags of each piece, and every task it rendered, in order) must be equal; a rule changed
+on one side only changes one trace. And the simulated barrier's step is fetch + slowest render + return +
+publication, computed by hand.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from odin_nerfstudio.adapter.gsplat import GsplatAdapter
+from odin_nerfstudio.comm.inprocess import VirtualRowExchange
+from odin_nerfstudio.core.row_order import restore_spatial_order
+from odin_nerfstudio.core.selective_adam import selective_adams
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig
+from odin_nerfstudio.runtime.metering import Decision, Meter
+from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.scenes import toy
+from odin_nerfstudio.simulation.costs import CostModel, LinearFit
+from odin_nerfstudio.simulation.interconnect import Interconnect
+from odin_nerfstudio.simulation.sharded import VALUE_BYTES, ShardedSimulation, exchange_decision, render_decision
+from odin_nerfstudio.simulation.simulator import SimulationConfig
+from tests.simulation.test_decision_trace import PER_WORKER, STEPS, WORKERS, every_row_written, scene_workload
+
+COSTS = CostModel(task=LinearFit(0.01, (0.0, 0.0), 1.0, 1), bookkeeping_s=0.0, publish=LinearFit(0.002, (1e-5,), 1, 1))
+LINK = Interconnect("slow", latency_s=0.004, bandwidth_bytes_per_s=1e6)
+MODES = ("barrier", "quality", "throughput")
+
+
+def config(mode: str, **changes: float) -> OdinRuntimeConfig:
+    """The mode; throughput-first's gradient rule (real gradients only) always passing."""
+    return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, stale_fraction=changes.get("stale_fraction", 0.2))
+
+
+def simulated(mode: str, workload, **changes: float) -> ShardedSimulation:
+    run = SimulationConfig(config(mode, **changes), WORKERS, PER_WORKER, STEPS, record_decisions=True, sharded=True)
+    return ShardedSimulation(workload, COSTS, LINK, run)
+
+
+class _Recording:
+    """A rank's end of the real exchange that records what it starts (``sharded.exchange_decision``)."""
+
+    def __init__(self, inner, rank: int, trace: list[Decision]) -> None:
+        self.inner, self.rank, self.trace = inner, rank, trace
+
+    def start(self, pieces, what: str):
+        self.trace.append(exchange_decision(self.rank, what, pieces))
+        return self.inner.start(pieces, what)
+
+
+def real_traces(mode: str, cameras: dict, simulation: ShardedSimulation) -> tuple[list[list[Decision]], list]:
+    """Each real rank's trace (toy shards culled by their own index; rates tiny, so C(t) stays the initial one), on
+    the simulation's schedule and cuts; and the ranks' counters."""
+    cuts = simulation.cuts()
+    exchange = VirtualRowExchange(WORKERS)
+    traces: list[list[Decision]] = [[] for _ in range(WORKERS)]
+    params = toy.make_params(num_gaussians=200)
+    restore_spatial_order(params, {}, None)  # the rows in the order the workload's runtime culled them
+
+    def step_tasks(step: int) -> list[list[Task]]:
+        tasks, _ = simulation._step_tasks(step)
+        return [[Task(t.step, t.worker, t.index, t.view, cameras[t.view]) for t in rank] for rank in tasks]
+
+    loops = []
+    for rank in range(WORKERS):
+        lo, hi = cuts.range(rank)
+        shard = {name: torch.nn.Parameter(p.detach()[lo:hi].clone()) for name, p in params.items()}
+        optimizers = selective_adams(shard, {name: lr * 1e-7 for name, lr in toy.LRS.items()})
+        runtime = config(mode)
+        owner = Owner(shard, optimizers, cuts, rank, GsplatAdapter(), runtime.candidate_margin, runtime.near_plane)
+
+        def render(task, leaves, generator, trace=traces[rank]):
+            trace.append(render_decision(task))
+            return every_row_written(task, leaves, generator)
+
+        reader = Reader(cuts, shard, render, GsplatAdapter(), Meter(torch.device("cpu")), 0, runtime.ring_slots)
+        endpoint = _Recording(exchange.endpoint(rank), rank, traces[rank])
+        loops.append(ShardedLoop(
+            owner, reader, endpoint, rank, step_tasks, mode, STEPS - 1, 30.0, None, runtime.stale_fraction,
+            runtime.stale_grad_ratio, runtime.max_staleness,
+        ))  # fmt: skip
+    errors = []
+
+    def run(loop: ShardedLoop) -> None:
+        try:
+            for step in range(STEPS):
+                loop.iteration(step)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(loop,)) for loop in loops]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    return traces, [loop.counters for loop in loops]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_real_sharded_ranks_and_the_simulator_take_the_same_decisions(mode: str) -> None:
+    workload, cameras = scene_workload()
+    simulation = simulated(mode, workload)
+    predicted = [list(trace) for trace in simulation.run().decisions]
+    actual, counters = real_traces(mode, cameras, simulation)
+    whats = {d.detail[0].rsplit(" of step", 1)[0] for trace in actual for d in trace if d.kind == "exchange"}
+    assert {"fetch", "return"} <= whats and sum(d.kind == "render" for d in actual[0]) == STEPS * PER_WORKER
+    if mode != "barrier":  # tasks ran ahead of an unpublished step on both sides, and some waited for the rest
+        assert {"fetch of the clean part", "fetch of the rest"} <= whats
+        assert all(c.ran_ahead > 0 for c in counters)
+        assert any(c.ran_ahead < STEPS * PER_WORKER - PER_WORKER for c in counters)
+    if mode == "throughput":
+        assert sum(c.stale_reads for c in counters) > 0
+    assert predicted == actual
+
+
+def test_a_rule_changed_on_one_side_only_changes_its_trace() -> None:
+    """Not vacuous: the simulator admitting no stale read (one rule changed, on its side only) decides otherwise
+    than the real ranks that admit them."""
+    workload, cameras = scene_workload()
+    actual, _ = real_traces("throughput", cameras, simulated("throughput", workload))
+    changed = simulated("throughput", workload, stale_fraction=0.0)
+    assert [list(trace) for trace in changed.run().decisions] != actual
+
+
+def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publication() -> None:
+    """By hand: per step, the fetch (two collectives' latencies and the largest piece, 24 + VALUE_BYTES a row),
+    the slower rank's render, the return (8 + VALUE_BYTES a row) and the slower owner's publication."""
+    workload, _ = scene_workload()
+    simulation = simulated("barrier", workload)
+    simulation.measured = {(s, v): 0.01 + 0.02 * (v % 3) for s in range(STEPS) for v in range(workload.num_views)}
+    cuts = simulation.cuts()
+    expected, published = [], 0.0
+    for step in range(STEPS):
+        tasks = simulation._step_tasks(step)[0]
+        rows = [torch.unique(torch.cat([workload.candidates[t.view] for t in rank])) for rank in tasks]
+        ranges = [cuts.range(owner) for owner in range(WORKERS)]
+        owned = [[int(((r >= lo) & (r < hi)).sum()) for lo, hi in ranges] for r in rows]
+        crossing = max(owned[r][o] for r in range(WORKERS) for o in range(WORKERS) if r != o)
+        fetch = 2 * LINK.latency_s + crossing * (24 + VALUE_BYTES) / LINK.bandwidth_bytes_per_s
+        back = 2 * LINK.latency_s + crossing * (8 + VALUE_BYTES) / LINK.bandwidth_bytes_per_s
+        render = max(sum(simulation.measured[(step, t.view)] for t in rank) for rank in tasks)
+        union = torch.unique(torch.cat(rows))
+        merged = [int(((union >= lo) & (union < hi)).sum()) for lo, hi in ranges]
+        published += fetch + render + back + max(COSTS.publish_s(n) for n in merged)
+        expected.append(published)
+    ends = {}
+    simulation.config.record_decisions = False
+    result = simulation.run()
+    for rank in result.metrics.ranks:
+        assert rank.views == STEPS * PER_WORKER and rank.exposed_wait_s > 0
+    for loop in simulation.loops:
+        for event in loop.reader.meter.timeline.events:
+            if event.name == "publish":
+                ends[event.step] = max(ends.get(event.step, 0.0), event.end_ns / 1e9)
+    assert [ends[step] for step in range(STEPS)] == pytest.approx(expected, rel=1e-6)
