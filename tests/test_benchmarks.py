@@ -85,3 +85,12 @@ def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_wr
         shard_rows = sum(int(row[2].replace(",", "")) for row in rows[:-1])
         assert shard_rows == int(rows[-1][2].replace(",", "")) == 20_000, "the shards cut the replica's rows"
     assert "updated" not in result.stdout
+
+
+def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() -> None:
+    result = run_quick("bench_escapes", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| inside_shell")]
+    assert len(rows) == 4 and all(row[3].strip() == "0.0%" for row in rows)
+    assert any(row[2].strip() != "0.0%" for row in rows), "the synthetic scenes escape the sphere test"
+    assert "| kermit_320 | 1/8 |" in result.stdout and "updated" not in result.stdout
