@@ -87,6 +87,7 @@ def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_wr
     assert "updated" not in result.stdout
 
 
+@pytest.mark.slow
 def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() -> None:
     result = run_quick("bench_escapes", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
