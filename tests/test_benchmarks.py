@@ -93,4 +93,22 @@ def test_bench_simulate_sharded_quick_replays_sharded_runs_and_predicts_without_
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| sharded run (2 gloo ranks) |" in result.stdout and "| throughput |" in result.stdout
     assert "| citygen city, 128 views" in result.stdout and "sharded quality / sharded barrier" in result.stdout
+
+
+def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() -> None:
+    result = run_quick("bench_escapes", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| inside_shell")]
+    assert len(rows) == 4 and all(row[3].strip() == "0.0%" for row in rows)
+    assert any(row[2].strip() != "0.0%" for row in rows), "the synthetic scenes escape the sphere test"
+    assert "| kermit_320 | 1/8 |" in result.stdout and "updated" not in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_point_sets_quick_judges_both_point_sets_by_drawn_rows_and_writes_nothing() -> None:
+    result = run_quick("bench_point_sets", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| kermit_320")]
+    assert [row[6].strip() for row in rows] == ["in-view", "observed"]
+    assert all(-1.0 <= float(row[8]) <= 1.0 for row in rows)
     assert "updated" not in result.stdout

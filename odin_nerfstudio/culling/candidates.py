@@ -1,18 +1,21 @@
 """Candidate set C(t): the primitives a task may read, found before it reads by frustum and bounding-sphere culling.
 
-C(t) must be a conservative superset of what the rasterizer will see (the active set A(t)). Each Gaussian is
-bounded by a sphere of radius ``3 * max(scale) * (1 + margin)`` around its mean (gsplat's 3-sigma extent); the
-view frustum is the pinhole image widened by ``margin`` of the image size plus ``BLUR_SLACK_PX`` pixels on every
-side (gsplat's eps2d = 0.3 px^2 screen-space blur reaches ``3 * sqrt(0.3) < 2`` pixels), and the near plane is
-moved towards the camera by the radius. A Gaussian is a candidate when its sphere is not entirely outside one of
-the five planes. No far plane is used (conservative). Whether the superset held is checked after the fact by the
-runtime's validation, never assumed.
+C(t) must be a conservative superset of what the rasterizer will see (the active set A(t)). It is culled against
+:meth:`CullRegion.drawable` of the camera the task renders with (a provable bound of what gsplat's projection can
+draw: radius box, EWA Jacobian with its field-of-view clamp, eps2d blur, the ceil), widened by ``margin`` of the
+image size on every side so that a row that moves a little after the read is already in C(t). Each Gaussian is
+bounded by a sphere around its mean whose radius is ``3 * max(scale)`` times the region's factor; it is a candidate
+when its sphere is not entirely outside one of the five planes (the near plane, moved towards the camera by the
+radius, and the four widened sides). No far plane is used (conservative). Whether the superset held is checked
+after the fact by the runtime's validation, never assumed.
 
-The margin is needed: the sphere test is exact for the true perspective image of a sphere, but the rasterizer
-projects each Gaussian through the EWA linearization at its mean, which over-estimates the screen extent of a
-Gaussian close to the camera and off-axis (e.g. a 44 px radius for a sphere whose true image stays outside the
-frame). With margin 0 such a Gaussian can be visible yet culled; the default 0.1 covered every case in the tests.
-
+Why not the sphere alone: gsplat's radius is ``ceil(3 sqrt(lambda_max))`` of the linearized 2D covariance, one
+radius for a square box, and the Jacobian is taken with x / z clamped to ``1.3 tan(fov / 2)``. A Gaussian close to
+the camera and off a corner of the frustum reaches, along the image's short side, about
+``sqrt(1 + Lx^2 + Ly^2) / sqrt(1 + side^2)`` times its sphere (1.27 for a portrait 540x960 camera at f = 800):
+beyond the former fixed 1.1 radius factor, which let such rows escape C(t) (``docs/architecture.md``). And the
+blur and the ceil add pixels of the render's resolution, which the resolution schedule makes up to four times
+coarser than the task's camera: a fixed pixel pad at the task's resolution fell short on small images.
 Culling a task does not scan all N rows: :class:`BoundingSpheres` keeps the spheres in blocks of ``BLOCK_ROWS``
 rows that are close in space (Morton order), each with its box of centres and its largest radius; a task tests
 the N / ``BLOCK_ROWS`` block bounds (one small matrix product), then exactly the rows of the blocks that may meet
@@ -37,7 +40,6 @@ from torch import Tensor
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.row_order import morton_codes
 
-BLUR_SLACK_PX = 2.0
 BLOCK_ROWS = 64
 """Rows per block of :class:`BoundingSpheres`' spatial index (N / 64 boxes are tested per task)."""
 REBUILD_GROWTH = 1.25
@@ -76,14 +78,15 @@ class CullRegion:
 
     @classmethod
     def candidates(cls, camera: Camera, margin: float, near_plane: float = 0.01) -> CullRegion:
-        """C(t)'s region: the image widened by ``margin`` of its size plus ``BLUR_SLACK_PX``, radii x (1 + margin)."""
-        return cls(
-            camera,
-            margin * camera.width + BLUR_SLACK_PX,
-            margin * camera.height + BLUR_SLACK_PX,
-            1.0 + margin,
-            near_plane,
-        )
+        """C(t)'s region for a task that renders with ``camera``: its drawable region widened by ``margin``."""
+        return cls.drawable(camera, near_plane=near_plane).widened(margin)
+
+    def widened(self, margin: float) -> CullRegion:
+        """This region with ``margin`` of the image's width and height added on every side (same radius factor:
+        wider sides only make the sphere test looser)."""
+        camera = self.camera
+        pad_x, pad_y = self.pad_x + margin * camera.width, self.pad_y + margin * camera.height
+        return CullRegion(camera, pad_x, pad_y, self.radius_scale, self.near_plane)
 
     @classmethod
     def drawable(cls, camera: Camera, eps2d: float = 0.3, near_plane: float = 0.01) -> CullRegion:
@@ -93,13 +96,14 @@ class CullRegion:
         Gaussian with camera-space mean (x, y, z) and largest scale s is drawn only if z >= near_plane (> 0) and
         its radius box meets the image: u + r > 0, u - r < W, v + r > 0, v - r < H, where u = fx x / z + cx
         (v alike) and r = ceil(3 sqrt(v1)), v1 = b + sqrt(max(0.01, b^2 - det)) (0.1 when packed) of the
-        blurred 2D covariance J Sigma J^T + eps2d I. So v1 <= lambda_max(J Sigma J^T) + eps2d + 0.32, and
-        lambda_max(J Sigma J^T) <= |J|_F^2 s^2, where J is the EWA Jacobian with x / z clamped to
-        [-lim_x_neg, lim_x_pos] (y alike), |J|_F^2 <= k^2 / z^2 with
-        k^2 = fx^2 (1 + Lx^2) + fy^2 (1 + Ly^2), Lx = max(lim_x_neg, lim_x_pos). Hence, with
-        c0 = 3 sqrt(eps2d + 0.32) + 1 (the ceil), r <= 3 k s / z + c0, and u + r > 0 implies, times z / fx > 0,
-        x + z (cx + c0) / fx > -3 k s / fx: the sphere of radius 3 s k / min(fx, fy) meets the left plane of
-        the image widened by c0 pixels. The other three sides are alike, and z >= near_plane implies
+        blurred 2D covariance J Sigma J^T + eps2d I. So v1 <= lambda_max(J Sigma J^T) + eps2d + 0.32 and
+        lambda_max(J Sigma J^T) <= s^2 lambda_max(J J^T). With t = (x / z, y / z) clamped to the projection's
+        limits (|t_x| <= Lx, |t_y| <= Ly), J J^T = D (I + t t^T) D / z^2 with D = diag(fx, fy), so
+        lambda_max(J J^T) <= f^2 (1 + Lx^2 + Ly^2) / z^2 = f^2 M^2 / z^2, f = max(fx, fy). Hence, with
+        c0 = 3 sqrt(eps2d + 0.32) + 1 (the ceil), r <= 3 s f M / z + c0, and u + r > 0 implies, times z / fx > 0,
+        x - left z > -3 s M f / fx with left = -(cx + c0) / fx: the sphere of radius
+        3 s M f / (fx sqrt(1 + left^2)) meets the left plane (its normal has norm sqrt(1 + left^2)). The other
+        three sides are alike (the radius factor is the largest of the four), and z >= near_plane implies
         z >= near_plane - radius. The radius factor is multiplied by ``_RADIUS_SLACK`` and the padding grows by
         ``_POSITION_SLACK`` pixels for the projection's float32 rounding.
 
@@ -115,9 +119,12 @@ class CullRegion:
         width, height = camera.width, camera.height
         lim_x = max(cx, width - cx) / fx + 0.3 * 0.5 * width / fx
         lim_y = max(cy, height - cy) / fy + 0.3 * 0.5 * height / fy
-        k = math.sqrt(fx * fx * (1.0 + lim_x * lim_x) + fy * fy * (1.0 + lim_y * lim_y))
+        reach = max(fx, fy) * math.sqrt(1.0 + lim_x * lim_x + lim_y * lim_y)
         pad = 3.0 * math.sqrt(eps2d + _RADIUS_V1_SLACK) + 1.0 + _POSITION_SLACK
-        return cls(camera, pad, pad, _RADIUS_SLACK * k / min(fx, fy), near_plane)
+        slope_x = min(abs(-pad - cx), abs(width + pad - cx)) / fx
+        slope_y = min(abs(-pad - cy), abs(height + pad - cy)) / fy
+        factor = max(reach / (fx * math.hypot(1.0, slope_x)), reach / (fy * math.hypot(1.0, slope_y)))
+        return cls(camera, pad, pad, _RADIUS_SLACK * factor, near_plane)
 
     @functools.cached_property
     def pose(self) -> tuple[list[list[float]], list[float]]:

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows
 from odin_nerfstudio.core.tasks import Task, TaskKey
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
+from odin_nerfstudio.runtime.reads import DrawableFn
 
 
 REGIONS_KEPT = 1024
@@ -38,17 +40,28 @@ class CullingIndex:
     Args:
         params: the model's parameters (``means`` [N, 3] and ``scales`` [N, 3] read), shared with the runtime.
         adapter: turns ``scales`` rows into world-space scales.
-        margin: widening of the culling frustum and bounding spheres (``candidate_margin``).
+        margin: widening of the drawable region C(t) is culled against, a fraction of the image size
+            (``candidate_margin``).
         near_plane: the rasterizer's near plane.
+        drawable: per task, the drawable region of the camera it renders with (the renderer's, which knows the
+            resolution schedule); None: ``CullRegion.drawable`` of the task's camera.
     """
 
-    def __init__(self, params: dict[str, Tensor], adapter: RenderAdapter, margin: float, near_plane: float) -> None:
+    def __init__(
+        self,
+        params: dict[str, Tensor],
+        adapter: RenderAdapter,
+        margin: float,
+        near_plane: float,
+        drawable: DrawableFn | None = None,
+    ) -> None:
         self.params = params
         self.adapter = adapter
         self.margin = margin
         self.near_plane = near_plane
+        self.drawable = drawable if drawable is not None else self._task_camera_drawable
         self._bounds: BoundingSpheres | None = None
-        self._regions: dict[TaskKey, CullRegion] = {}
+        self._regions: dict[TaskKey, tuple[Camera, CullRegion]] = {}
         self.bounds()
 
     def bounds(self) -> BoundingSpheres:
@@ -60,14 +73,20 @@ class CullingIndex:
                 self._bounds.index()
         return self._bounds
 
+    def _task_camera_drawable(self, task: Task) -> CullRegion:
+        """The drawable region of the task's own camera (a renderer that renders at that resolution)."""
+        return CullRegion.drawable(task.camera, near_plane=self.near_plane)
+
     def region(self, task: Task) -> CullRegion:
-        """The region C(t) is culled against (the task's widened frustum), made once per task: its read, its
-        validation and a re-run share its pose, planes and kernel vector (the last ``REGIONS_KEPT`` tasks')."""
-        region = self._regions.get(task.key)
-        if region is None or region.camera is not task.camera:
+        """The region C(t) is culled against (the drawable region of the camera it renders with, widened by the
+        margin), made once per task: its read, its validation and a re-run share its pose, planes and kernel
+        vector (the last ``REGIONS_KEPT`` tasks')."""
+        camera, region = self._regions.get(task.key, (None, None))
+        if region is None or camera is not task.camera:
             if len(self._regions) >= REGIONS_KEPT:
                 self._regions.clear()
-            region = self._regions[task.key] = CullRegion.candidates(task.camera, self.margin, self.near_plane)
+            region = self.drawable(task).widened(self.margin)
+            self._regions[task.key] = (task.camera, region)
         return region
 
     def candidates(self, task: Task) -> Tensor:

@@ -76,7 +76,7 @@ def restructure(
     sample_at = torch.cat([part["ids"] for part in samples])
     centres = torch.cat([part["centres"] for part in samples])[torch.argsort(sample_at)]
     codes = codes_in(means.T, morton_frame(centres.T))
-    index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)  # the edited rows
+    index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane, owner.index.drawable)  # the edited rows
     seen = views_seeing(index, views)
     coded = everyone({"ids": codes, "seen": seen}, "Z-order codes and loads")
     all_codes = torch.cat([part["ids"] for part in coded])
@@ -132,7 +132,7 @@ def _move(
     )
     owner.cuts, reader.cuts = cuts, cuts
     owner.lo = cuts.range(owner.rank)[0]
-    owner.index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane)
+    owner.index = CullingIndex(owner.params, owner.adapter, owner.index.margin, owner.index.near_plane, owner.index.drawable)
 
 
 def _per_row_state(owner: Owner) -> Sequence[str]:

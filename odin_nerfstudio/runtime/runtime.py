@@ -110,12 +110,12 @@ class OdinRuntime:
             restore_spatial_order(params, optimizers, strategy_state)
         self.shadow = ShadowGraph(config.ring_slots, device=self.device, measure_norms=batch_gain is not None)
         self.meter = Meter(self.device, clock, record_decisions)
-        self.index = index or CullingIndex(params, self.adapter, config.candidate_margin, config.near_plane)
+        drawable = visibility_fn.drawable if isinstance(visibility_fn, EscapeCheck) else None
+        self.index = index or CullingIndex(params, self.adapter, config.candidate_margin, config.near_plane, drawable)
         self.policy = POLICIES[config.mode].of(config)
         finder = None if visibility_fn is None else escape_finder(visibility_fn, self.index, params)
         drawn = drawn_finder(visibility_fn, self.index, params) if isinstance(visibility_fn, EscapeCheck) else None
         self.remote = RemoteTasks(self.index, drawn)
-        drawable = visibility_fn.drawable if isinstance(visibility_fn, EscapeCheck) else None
         self.validator = Validator(config.ring_slots, self.index, finder, drawable)
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)

@@ -44,7 +44,7 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts
 from odin_nerfstudio.runtime.publication import Publisher
-from odin_nerfstudio.runtime.reads import Read, ReadRecord, RenderFn
+from odin_nerfstudio.runtime.reads import DrawableFn, Read, ReadRecord, RenderFn
 from odin_nerfstudio.runtime.shadow import ShadowGraph
 
 Rows = dict[str, Tensor]
@@ -125,6 +125,7 @@ class Owner:
         strategy_state: the shard's densification statistics (gsplat's strategy state over its rows), or None.
         index: the shard's culling index (default: a :class:`CullingIndex` of ``params``; the simulator passes one
             whose C(t) is a workload's set).
+        drawable: per task, the drawable region of the camera it renders with (``CullingIndex``).
     """
 
     def __init__(
@@ -139,13 +140,14 @@ class Owner:
         start_step: int = 0,
         strategy_state: dict[str, Any] | None = None,
         index: CullingIndex | None = None,
+        drawable: DrawableFn | None = None,
     ) -> None:
         self.lo, hi = cuts.range(rank)
         if params["means"].shape[0] != hi - self.lo:
             raise ValueError(f"rank {rank} owns ids {self.lo}..{hi - 1} but holds {params['means'].shape[0]} rows")
         self.params, self.optimizers, self.cuts, self.rank = params, optimizers, cuts, rank
         self.adapter, self.strategy_state = adapter, strategy_state
-        self.index = index if index is not None else CullingIndex(params, adapter, margin, near_plane)
+        self.index = index if index is not None else CullingIndex(params, adapter, margin, near_plane, drawable)
         self.tables = PrimitiveTables.create(hi - self.lo, device=params["means"].device)
         self.publisher = Publisher(params, optimizers, adapter, None, start_step - 1, record_rows=False)
         self.pending: dict[int, Tensor] = {}

@@ -3,7 +3,9 @@
 Odin (arXiv 2607.19893) predicts conflicts between training views from their SfM tracks and orders the views so
 that consecutive steps share few primitives. This command shows what that buys on a scene before any training:
 the RLG's size and weights, the predicted conflict mass between consecutive steps against a random order of the
-same views, and the balance of predicted work across workers; with ``--output`` it draws the RLG (views at their
+same views, and the balance of predicted work across workers; with ``--checkpoint`` (a trained run) also that
+conflict ratio under the rows the run's model draws in each view, beside the one under the RLG's own weights
+(``drawn_conflicts.py``; the nerfstudio layer reads the run, ``ns/schedule_command.py``); with ``--output`` it draws the RLG (views at their
 camera centres projected onto the centres' two principal axes, edges shaded by weight) beside the conflict
 profile of epoch 0 (conflict mass of each step with its predecessor) for the schedule and the random order.
 
@@ -16,7 +18,7 @@ odin-colmap's). ``--split all`` schedules every image of the model. Costs are th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -24,6 +26,7 @@ from typing import Literal, Optional
 import numpy as np
 import tyro
 
+from odin_nerfstudio.scheduling.drawn_conflicts import drawn_ratio_line
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, describe
 from odin_nerfstudio.scheduling.tracks import RlgPoints, load_reconstruction, read_colmap_tracks
@@ -55,28 +58,39 @@ class ScheduleCliConfig:
     default of ns-train's --pipeline.datamanager.rlg-points) or observed (its SfM track observations alone)."""
     output: Optional[Path] = None
     """PNG to draw the RLG and the conflict profile into; nothing is drawn when omitted."""
+    checkpoint: Optional[Path] = None
+    """A trained odin-splat run's config.yml (outputs/<scene>/<method>/<run>/config.yml): also print the schedule's
+    conflict ratio to random order under the rows its newest checkpoint draws in each training view (radii > 0)."""
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Console entry point `odin-schedule`: parse the options, print the statistics, write the PNG if asked."""
+DrawnRows = Callable[[Path], Mapping[str, np.ndarray]]
+"""A run's config.yml -> per training view (image name), the rows its model draws, int [n]."""
+
+
+def main(argv: Optional[Sequence[str]] = None, drawn_rows: Optional[DrawnRows] = None) -> None:
+    """Console entry point `odin-schedule`: parse the options, print the statistics, write the PNG if asked;
+    ``drawn_rows`` reads ``--checkpoint`` (the nerfstudio layer's, given by its entry point)."""
     from odin_nerfstudio.core.help_text import reflow_help_texts
 
     reflow_help_texts()  # --help: each option's text as one paragraph, not cut where the source wraps
     config = tyro.cli(ScheduleCliConfig, args=argv, prog="odin-schedule")
     try:
-        lines = run(config)
+        lines = run(config, drawn_rows)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"odin-schedule: error: {error}") from None
     print("\n".join(lines))
 
 
-def run(config: ScheduleCliConfig) -> list[str]:
-    """Compile the schedule of ``config.data``, draw it when ``config.output`` is set; the lines to print.
+def run(config: ScheduleCliConfig, drawn_rows: Optional[DrawnRows] = None) -> list[str]:
+    """Compile the schedule of ``config.data``, draw it when ``config.output`` is set, judge it by the rows
+    ``config.checkpoint``'s model draws (read by ``drawn_rows``) when set; the lines to print.
 
     Raises:
         FileNotFoundError: no scene folder or no COLMAP model in it.
         ValueError: invalid options, W x B larger than the number of views, or an output that is not a .png.
     """
+    if config.checkpoint is not None and drawn_rows is None:
+        raise ValueError("--checkpoint needs nerfstudio to read the run: use the odin-schedule command")
     if config.output is not None and config.output.suffix.lower() != ".png":
         raise ValueError(f"--output must name a .png file, got {config.output}")
     if not config.data.is_dir():
@@ -96,6 +110,15 @@ def run(config: ScheduleCliConfig) -> list[str]:
     schedule = Schedule(rlg, schedule_config(config), tracks.pixels_for_names(names))
     check_step_fits(schedule)
     lines = [f"{config.data}: {header}", *describe(schedule)]
+    if config.checkpoint is not None:
+        drawn = drawn_rows(config.checkpoint)
+        missing = [name for name in names if name not in drawn]
+        if missing:
+            raise ValueError(
+                f"--checkpoint {config.checkpoint} was trained without the views {missing[:3]}...; pass a run "
+                f"trained on {config.data} with the same split"
+            )
+        lines.append(drawn_ratio_line(schedule, [drawn[name] for name in names]))
     if config.output is not None:
         centres = camera_centres(sparse_dir, names)
         draw(schedule, centres, config.output)

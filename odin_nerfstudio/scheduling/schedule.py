@@ -330,7 +330,7 @@ class Schedule:
     def _plan(self, epoch: int) -> EpochPlan:
         """Generate epoch ``epoch``: group, order, assign, then measure conflicts."""
         config, weights = self.config, self.rlg.weights
-        random_groups = self._random_groups(epoch)
+        random_groups = self.random_groups(epoch)
         random_mass = conflict_by_lag(self._edges, group_of_views(random_groups, self.num_views), len(random_groups), 1)
         if config.order == "random":
             return self._assemble(epoch, random_groups, float(random_mass.sum()))
@@ -369,7 +369,11 @@ class Schedule:
             carried = [load + cost for load, cost in zip(carried, steps[-1].worker_cost)]
         return EpochPlan(epoch=epoch, steps=tuple(steps), random_conflict_mass=random_mass)
 
-    def _random_groups(self, epoch: int) -> list[np.ndarray]:
+    def step_views(self, epoch: int) -> list[np.ndarray]:
+        """The views of each step of epoch ``epoch``, in step order."""
+        return [np.asarray(step.views, dtype=np.int64) for step in self.epoch(epoch).steps]
+
+    def random_groups(self, epoch: int) -> list[np.ndarray]:
         """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S."""
         order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
         return [order[i : i + self.config.step_size] for i in range(0, self.num_views, self.config.step_size)]
@@ -377,7 +381,7 @@ class Schedule:
     def random_conflict_profile(self, epoch: int) -> np.ndarray:
         """Conflict mass of each step with its predecessor in epoch ``epoch``'s random baseline, [steps_per_epoch];
         its sum is the epoch's ``random_conflict_mass``."""
-        groups = self._random_groups(epoch)
+        groups = self.random_groups(epoch)
         return conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), 1)[:, 0]
 
     def _step(

@@ -359,7 +359,7 @@ def test_throughput_with_zero_gradient_ratio_admits_nothing() -> None:
 def test_escape_from_candidate_set_is_detected_and_rerun() -> None:
     """A frustum narrower than the renderer's view (negative margin) lets active rows escape C(t): the
     visibility check catches it, the re-run adds the rows, and quality still equals barrier."""
-    kwargs = {"candidate_margin": -0.4, "visibility_fn": visibility}
+    kwargs = {"candidate_margin": -0.8, "visibility_fn": visibility}
     barrier = run("barrier", DENSE, 2, 1, **kwargs)
     quality = run("quality", DENSE, 2, 1, [1] * 40, **kwargs)
     assert barrier.counters.validation_failures["escape"] > 0

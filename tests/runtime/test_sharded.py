@@ -275,8 +275,9 @@ def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barri
 @pytest.mark.parametrize("workers", [2, 3])
 def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers: int) -> None:
     """Learning rates of a real run's size (the toy's x 0.02), so that one publication moves a row a little: tasks
-    far from the previous step's rows are sure of their C(t) before it is published."""
-    schedule = make_schedule(STEPS, workers, 2, 8 * workers, focal_scale=2.0)
+    far from the previous step's rows are sure of their C(t) before it is published (a narrow field of view: on
+    8 px images the drawable region's pixel pad is half the image)."""
+    schedule = make_schedule(STEPS, workers, 2, 8 * workers, focal_scale=2.5)
     cuts = ShardCuts.even(120, workers)
     barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
     quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02)
