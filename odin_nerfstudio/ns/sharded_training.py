@@ -95,7 +95,8 @@ class ShardedTraining:
         runtime = config.runtime
         self.owner = Owner(
             model.gauss_params, trainer.optimizers.optimizers, cuts, self.rank, self.adapter,
-            runtime.candidate_margin, runtime.near_plane, trainer._start_step, model.strategy_state, drawable=renderer.drawable,
+            runtime.candidate_margin, runtime.near_plane, trainer._start_step, model.strategy_state,
+            drawable=renderer.drawable,
         )  # fmt: skip
         if resume is not None:
             self._restore(resume["shard"])
