@@ -176,8 +176,8 @@ def balance_rows(label: str, rlg: RelativeLocalityGraph, workers: list[int], see
 
 def section(columns: list[dict[str, str]], balance: list[str], command: str, machine_line: str, notes: str) -> str:
     """The markdown section, without its markers."""
-    names = list(dict.fromkeys(name for column in columns for name in column))
     heads = " | ".join(column.pop("views") for column in columns)
+    names = list(dict.fromkeys(name for column in columns for name in column))
     table = "\n".join(f"| {n} | " + " | ".join(c.get(n, "") for c in columns) + " |" for n in names)
     return (
         "## bench_compile: RLG + schedule for synthetic cities (50k and 500k views), and the schedule's balance\n\n"
