@@ -200,6 +200,12 @@ NOTES = """
   product (scipy's Gustavson, two passes over sum of squared track lengths); the city's ids are int32 (they were
   int64: 2.4 GiB at 500k views). Time goes mostly to the transpose and the product's two passes, then to the
   schedule's per-view Python loop (group growth) and per-step LPT; both are O(observations) or O(V) in memory.
+- Before and after, side by side (a separate run, 2026-12-05 05:55 UTC, load average about 16: the 500k city above
+  loaded from disk, then RLG + one epoch at W = 8 by the code before this change, commit ec255e0, with the int64
+  ids its generator made, and by this code): RLG 22.9 -> 17.7 s CPU, schedule 6.6 -> 6.2 s CPU (now with cost
+  bands), peak RSS 6.98 -> 4.72 GiB (the city 2.31 -> 1.21 GiB); the same RLG (fingerprint). In all 29.5 -> 23.9 s
+  of CPU on 295M observations; the issue measured 49.6 s wall (7.4 GiB) on 315M at a load of about 3. The wall time
+  follows the machine's load (2 cores shared; see the load average below): the CPU time is the comparable figure.
 - Cost bands (`balance_tolerance`, default 0.05, B times that with B views per worker; `scheduling/balance.py`):
   views sorted by cost are cut into bands whose costs lie within 1 + tolerance, each a multiple of S = W x B views
   and at least 4 steps wide (narrower bands left fern, 20 views, at 0.78 of the random order's conflict mass
