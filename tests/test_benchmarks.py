@@ -65,6 +65,15 @@ def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes
     assert "updated" not in result.stdout
 
 
+def test_bench_compile_quick_compiles_and_reports_balance_and_writes_nothing() -> None:
+    result = run_quick("bench_compile", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "**compile time, wall** (median: RLG + schedule)" in result.stdout
+    balance = [line for line in result.stdout.splitlines() if line.startswith(("| city 2k |", "| street 1k |"))]
+    assert len(balance) == 4 and all(line.count("; ") == 4 for line in balance)
+    assert "updated" not in result.stdout
+
+
 def test_bench_lanes_quick_runs_one_and_two_lanes_bit_identically_and_writes_nothing() -> None:
     result = run_quick("bench_lanes", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

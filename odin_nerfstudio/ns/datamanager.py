@@ -192,7 +192,7 @@ class OdinDatamanager(FullImageDatamanager):
             )
             return
         try:
-            saved = Schedule.load(path, self.schedule.rlg, self.view_pixels, self.schedule.view_keys)
+            saved = Schedule.load(path, self.schedule.rlg, self.view_pixels, view_keys=self.schedule.view_keys)
         except ValueError as error:
             raise ValueError(
                 f"odin: cannot resume with the schedule saved at {path}: {error}. Usually the scene (COLMAP model, "
@@ -232,7 +232,7 @@ class OdinDatamanager(FullImageDatamanager):
 
             metadata = self.train_dataparser_outputs.metadata
             keys = view_keys(tracks, np.asarray(metadata["points3D_ids"]), np.asarray(metadata["points3D_xyz"]))
-        return Schedule(RelativeLocalityGraph.from_point_sets(tracks), config, self.view_pixels, keys)
+        return Schedule(RelativeLocalityGraph.from_point_sets(tracks), config, self.view_pixels, view_keys=keys)
 
     def _check_rank_has_tasks(self) -> None:
         """Fail when this rank's workers get no task in epoch 0 (more workers than views)."""

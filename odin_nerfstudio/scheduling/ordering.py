@@ -21,44 +21,52 @@ _UNTANGLE_MIN_GAIN = 1e-12
 _SCAN_CHUNK = 32
 
 
-def grow_groups(weights: sp.csr_matrix, order: np.ndarray, size: int) -> list[np.ndarray]:
+def grow_groups(
+    weights: sp.csr_matrix, order: np.ndarray, size: int, bounds: np.ndarray | None = None
+) -> list[np.ndarray]:
     """Partition the views into groups of ``size`` (the last one shorter) grown along strong RLG edges.
 
     Args:
         weights: RLG weights [V, V] (CSR).
         order: a permutation of the views [V]; seeds are taken from it in turn.
         size: S, views per group.
+        bounds: cuts of ``order`` into bands [bands + 1] (0 first, V last; see ``balance.cost_bands``): a group
+            holds views of one band only, grown along the edges between them. None: one band.
 
     Returns:
-        ceil(V / S) int64 arrays of view indices.
+        ceil(V / S) int64 arrays of view indices (bands in turn).
     """
     indptr, indices, data = weights.indptr, weights.indices, weights.data
-    assigned = np.zeros(len(order), dtype=bool)
-    cursor = 0
+    taken = np.ones(len(order), dtype=bool)  # assigned, or outside the band being grown
+    bounds = np.array([0, len(order)]) if bounds is None else bounds
     groups = []
-    for start in range(0, len(order), size):
-        members: list[int] = []
-        frontier, strength = indices[:0], data[:0]
-        while len(members) < min(size, len(order) - start):
-            free = ~assigned[frontier]
-            frontier, strength = frontier[free], strength[free]
-            if frontier.size:
-                view = int(frontier[np.argmax(strength)])
-            else:
-                cursor = _next_unassigned(order, assigned, cursor)
-                view = int(order[cursor])
-            assigned[view] = True
-            members.append(view)
-            row = slice(indptr[view], indptr[view + 1])
-            frontier = np.concatenate([frontier, indices[row]])
-            strength = np.concatenate([strength, data[row]])
-        groups.append(np.array(members, dtype=np.int64))
+    for low, high in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        taken[order[low:high]] = False
+        cursor = low
+        for start in range(low, high, size):
+            members = np.empty(min(size, high - start), dtype=np.int64)
+            frontier, strength = indices[:0], data[:0]
+            for slot in range(members.size):
+                if frontier.size:
+                    strength = np.where(taken[frontier], -1.0, strength)
+                    best = int(strength.argmax())
+                if frontier.size and strength[best] > 0:
+                    view = int(frontier[best])
+                else:
+                    cursor = _next_unassigned(order, taken, cursor)
+                    view = int(order[cursor])
+                taken[view] = True
+                members[slot] = view
+                row = slice(indptr[view], indptr[view + 1])
+                frontier = np.concatenate((frontier, indices[row]))
+                strength = np.concatenate((strength, data[row]))
+            groups.append(members)
     return groups
 
 
-def _next_unassigned(order: np.ndarray, assigned: np.ndarray, cursor: int) -> int:
-    """First position >= cursor of ``order`` whose view is unassigned (one exists)."""
-    while assigned[order[cursor]]:
+def _next_unassigned(order: np.ndarray, taken: np.ndarray, cursor: int) -> int:
+    """First position >= cursor of ``order`` whose view is not taken (one exists)."""
+    while taken[order[cursor]]:
         cursor += 1
     return cursor
 
@@ -179,24 +187,27 @@ def assign_lpt(
     views: np.ndarray, cost: np.ndarray, num_workers: int, quota: int, carried: Sequence[float] | None = None,
     first: int = 0,
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[float, ...]]:
-    """Longest-processing-time-first: views by decreasing cost to the least-loaded worker below ``quota`` views.
+    """Longest-processing-time-first: views by decreasing cost to the worker with the least cost in this step that
+    holds fewer than ``quota`` views.
 
-    A worker's load starts at ``carried`` (its predicted cost in the epoch's earlier steps; zeros when None), so
-    the costliest view of a step goes to the worker that has had least to do, not always to worker 0. Ties go
-    to the worker after ``first - 1`` in index order (``first``, ``first + 1``, ..., wrapping). Returns per-worker
-    view tuples [W] and the step's own predicted loads [W] (without ``carried``).
+    Ties between workers of equal step cost (all of them for the step's first W views) go to the one with the
+    least ``carried`` cost (its cost in the epoch's earlier steps; zeros when None), so the costliest view of a
+    step goes to the worker that has had least to do, not always to worker 0; then to the worker after
+    ``first - 1`` in index order (``first``, ``first + 1``, ..., wrapping). Returns per-worker view tuples [W] and
+    the step's own loads [W] (without ``carried``).
     """
-    tasks: list[list[int]] = [[] for _ in range(num_workers)]
     start = list(carried) if carried is not None else [0.0] * num_workers
-    loads = [0.0] * num_workers
-    heap = [(start[worker], (worker - first) % num_workers, worker) for worker in range(num_workers)]
+    ranked = views[np.argsort(-cost[views], kind="stable")].tolist()
+    heap = [(0.0, start[worker], (worker - first) % num_workers, worker) for worker in range(num_workers)]
     heapq.heapify(heap)
-    for view in views[np.argsort(-cost[views], kind="stable")]:
-        total, tie, worker = heapq.heappop(heap)
-        tasks[worker].append(int(view))
-        loads[worker] += float(cost[view])
+    tasks: list[list[int]] = [[] for _ in range(num_workers)]
+    loads = [0.0] * num_workers
+    for view in ranked:
+        load, before, tie, worker = heapq.heappop(heap)
+        tasks[worker].append(view)
+        loads[worker] = load + float(cost[view])
         if len(tasks[worker]) < quota:
-            heapq.heappush(heap, (total + float(cost[view]), tie, worker))
+            heapq.heappush(heap, (loads[worker], before, tie, worker))
     return tuple(tuple(t) for t in tasks), tuple(loads)
 
 

@@ -97,10 +97,13 @@ class RelativeLocalityGraph:
 
 
 def incidence_matrix(point_sets: Sequence[np.ndarray]) -> sp.csr_matrix:
-    """Binary views x points incidence matrix A [V, P'] int32 (CSR, canonical) of the given point sets.
+    """Binary views x points incidence matrix A [V, P'] (CSR, canonical) of the given point sets.
 
     Columns are the point ids themselves when they are non-negative and not much sparser than the observations,
-    else the ranks of the distinct ids; either way only equality of ids matters to the RLG.
+    else the ranks of the distinct ids; either way only equality of ids matters to the RLG. Lean at city scale
+    (300M observations): int32 indices whenever they fit, the ids copied once (int32 ids stay int32), and ones of
+    the narrowest integer type that holds any intersection of two rows (at most the longest row), which is the
+    type of the co-observation counts A @ A.T.
     """
     if len(point_sets) == 0:
         raise ValueError("the RLG needs at least one view; got an empty list of point sets")
@@ -109,11 +112,13 @@ def incidence_matrix(point_sets: Sequence[np.ndarray]) -> sp.csr_matrix:
     if ids.dtype.kind not in "iu":
         raise ValueError(f"point ids must be integers, got dtype {ids.dtype}")
     columns, num_columns = _point_columns(ids)
+    del ids
     indptr = np.zeros(len(point_sets) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    index_dtype = np.int32 if max(num_columns, len(ids)) < np.iinfo(np.int32).max else np.int64
+    index_dtype = np.int32 if max(num_columns, len(columns)) < np.iinfo(np.int32).max else np.int64
+    count_dtype = np.min_scalar_type(-int(counts.max()) - 1)
     incidence = sp.csr_matrix(
-        (np.ones(len(ids), dtype=np.int32), columns.astype(index_dtype, copy=False), indptr.astype(index_dtype)),
+        (np.ones(len(columns), dtype=count_dtype), columns.astype(index_dtype, copy=False), indptr.astype(index_dtype)),
         shape=(len(point_sets), num_columns),
     )
     incidence.sum_duplicates()
@@ -133,9 +138,16 @@ def _point_columns(ids: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def jaccard_weights(incidence: sp.csr_matrix) -> sp.csr_matrix:
-    """Jaccard similarity of the rows of a binary incidence matrix [V, P], as a CSR [V, V] with zero diagonal."""
+    """Jaccard similarity of the rows of a binary incidence matrix [V, P], as a CSR [V, V] with zero diagonal.
+
+    One transpose (the tracks, points x views, sharing the ones of ``incidence``) and one sparse product; the
+    product [V, V] holds only co-observing pairs (tens per view), so it is small beside the incidence.
+    """
     sizes = np.diff(incidence.indptr).astype(np.int64)
-    intersections = (incidence @ incidence.T.tocsr()).tocsr()
+    tracks = incidence.T.tocsr()
+    tracks.data = incidence.data
+    intersections = incidence @ tracks
+    del tracks
     intersections.sort_indices()
     rows = np.repeat(np.arange(incidence.shape[0], dtype=np.int64), np.diff(intersections.indptr))
     cols = intersections.indices

@@ -11,9 +11,12 @@ ring_size - 1 steps before that). Within a step the views may be strongly connec
 summed into one update, so they never conflict with each other.
 
 How, per epoch e (RNG seeded from (seed, e), so epoch e never needs epochs < e):
-1. Group: shuffle the views; take the first unassigned view of the shuffle as the seed of a group and grow it
-   along the strongest RLG edge from any member (single linkage) until it holds S = W * B views, jumping to the
-   next unassigned view of the shuffle when the group has no free neighbour (isolated views, exhausted
+1. Group: shuffle the views; cut them into cost bands (views of nearly equal cost, within a factor
+   1 + balance_tolerance, each band a multiple of S views: :mod:`odin_nerfstudio.scheduling.balance`), so that
+   every step's workers cost about the same and a barrier's workers rarely wait for a slower one. In each band,
+   take the first unassigned view of the shuffle as the seed of a group and grow it along the strongest RLG edge
+   from any member (single linkage, edges within the band) until it holds S = W * B views, jumping to the next
+   unassigned view of the band's shuffle when the group has no free neighbour (isolated views, exhausted
    components). Internally connected groups leave little weight between groups. The V mod S views left at the
    end form the short last step.
 2. Order: collapse the RLG onto the groups (G x G cross weights, a sparse triple product) and chain them
@@ -27,17 +30,18 @@ How, per epoch e (RNG seeded from (seed, e), so epoch e never needs epochs < e):
    (:func:`untangle`), which moves loosely connected groups in between the tightly connected ones all over the
    epoch and lowers the total. The short group stays last.
    Fallback: when the chained groups conflict more with their predecessors than the epoch's seeded random
-   order chunked into steps of S (possible on small, dense scenes, where greedy grouping leaves its worst
-   pairs for the end), the epoch takes that random order instead, so a schedule is never worse than the
-   random baseline it is measured against.
-3. Assign: longest-processing-time-first (LPT) within each step: views by decreasing predicted cost, each to
-   the worker with the least predicted cost so far in the epoch (its earlier steps' views, then this step's)
-   that holds fewer than its quota of views (B in a full step); ties go to workers in index order from
-   epoch mod W. Loads carry over steps because a worker that gets the costlier view of every step (W = 2,
-   B = 1, loads starting from zero at each step: always worker 0) would fall behind the others over the
-   epoch, an imbalance the overlapping modes cannot hide (the barrier waits on each step's costliest view
-   either way). Predicted cost of a view: cost_per_point * (observed SfM points) + cost_per_pixel * (image
-   pixels); the point term stands for the Gaussians it touches, the pixel term for rasterization.
+   order of the same bands (random within each band, chunked into steps of S; possible on small, dense scenes,
+   where greedy grouping leaves its worst pairs for the end), the epoch takes that random order instead.
+3. Assign: longest-processing-time-first (LPT) within each step: views by decreasing cost, each to the worker
+   with the least cost in this step that holds fewer than its quota of views (B in a full step), the step's
+   balance first (a barrier waits on each step's slowest worker); among workers of equal step cost (all of
+   them for each step's first W views) the one with the least cost so far in the epoch, then workers in index
+   order from epoch mod W. The epoch's loads break the ties because a worker that gets the costlier view of
+   every step (W = 2, B = 1: always worker 0) would fall behind the others over the epoch, an imbalance the
+   overlapping modes cannot hide. Cost of a view: measured (``view_cost``, e.g. its render + backward seconds
+   in the previous epoch: ``balance.measured_view_cost``) or predicted, cost_per_point * (observed SfM points)
+   + cost_per_pixel * (image pixels); the point term stands for the Gaussians it touches, the pixel term for
+   rasterization.
 
 Complexity per epoch, with E RLG edges, mean degree d, G = V / S groups: O(V S d) for grouping (numpy work on
 each group's frontier, one Python iteration per view), O(E) for the group graph and the statistics, about
@@ -59,6 +63,7 @@ for a seeded random order of the same views (chunked into steps of S) is the num
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections import OrderedDict
@@ -69,6 +74,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
+from odin_nerfstudio.scheduling.balance import checked_view_cost, cost_bands
 from odin_nerfstudio.scheduling.ordering import (
     assign_lpt,
     conflict_by_lag,
@@ -81,7 +87,7 @@ from odin_nerfstudio.scheduling.regions import regional_steps, regions_of
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
-VERSION = 3
+VERSION = 4
 _CACHED_EPOCHS = 2
 
 
@@ -98,8 +104,14 @@ class ScheduleConfig:
         cost_per_point: predicted cost of one observed SfM point of a view (Gaussians it touches).
         cost_per_pixel: predicted cost of one pixel of a view (rasterization); 1000 pixels weigh one point.
         order: "rlg", the locality schedule above; "random", the control without locality (the paper's "overlap
-            without locality"): each epoch's seeded random baseline, chunked into steps of S, LPT-assigned;
-            "regions", each worker the views of its own region (``regions.py``: the sharded mode's order).
+            without locality"): each epoch's seeded random order within the cost bands, chunked into steps of S,
+            LPT-assigned; "regions", each worker the views of its own region (``regions.py``: the sharded mode's
+            order).
+        balance_tolerance: largest relative cost spread of the views grouped into one step with B = 1 (cost
+            bands); with B views per worker the bands span B times as much, because LPT evens out sums of B views
+            (on a 200-view street at W = 4, B = 2: balance 1.009 with bands of 10%, while bands of 5% halve the
+            mean overlap window); None groups by locality alone (balance about 1.3 on a city, where sideways
+            cameras see half the points).
     """
 
     num_workers: int = 1
@@ -110,6 +122,7 @@ class ScheduleConfig:
     cost_per_point: float = 1.0
     cost_per_pixel: float = 1e-3
     order: Literal["rlg", "random", "regions"] = "rlg"
+    balance_tolerance: float | None = 0.05
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "views_per_worker", "ring_size"):
@@ -121,8 +134,15 @@ class ScheduleConfig:
         for name in ("overlap_threshold", "cost_per_point", "cost_per_pixel"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ScheduleConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.balance_tolerance is not None and not self.balance_tolerance >= 0:
+            raise ValueError(f"ScheduleConfig.balance_tolerance must be >= 0 or None, got {self.balance_tolerance!r}")
         if self.order not in ("rlg", "random", "regions"):
             raise ValueError(f"ScheduleConfig.order must be 'rlg', 'random' or 'regions', got {self.order!r}")
+
+    @property
+    def band_tolerance(self) -> float | None:
+        """Relative cost spread of a cost band: balance_tolerance * B (None: no bands)."""
+        return None if self.balance_tolerance is None else self.balance_tolerance * self.views_per_worker
 
     @property
     def step_size(self) -> int:
@@ -138,7 +158,7 @@ class Step:
         index: global step number (epoch * steps_per_epoch + step within the epoch).
         epoch: the epoch it belongs to.
         tasks: per worker, the view indices it renders, [W] tuples of length <= B (empty for an idle worker).
-        worker_cost: predicted cost per worker, [W].
+        worker_cost: cost per worker (predicted or measured, as the schedule's ``view_cost``), [W].
         conflict_mass: summed RLG weight between this step's views and the previous step's (0 for an epoch's
             first step).
         overlap_window: global indices of the earlier steps it may run beside, consecutive and ending at
@@ -159,7 +179,7 @@ class Step:
 
     @property
     def balance(self) -> float:
-        """Max over mean predicted worker cost (1.0 is perfect; idle workers count as 0)."""
+        """Max over mean worker cost (1.0 is perfect; idle workers count as 0)."""
         mean = float(np.mean(self.worker_cost))
         return max(self.worker_cost) / mean if mean > 0 else 1.0
 
@@ -192,6 +212,7 @@ class Schedule:
         rlg: RelativeLocalityGraph,
         config: ScheduleConfig | None = None,
         pixels: np.ndarray | None = None,
+        view_cost: np.ndarray | None = None,
         view_keys: np.ndarray | None = None,
     ) -> None:
         """Prepare the schedule of ``rlg``'s V views.
@@ -200,6 +221,8 @@ class Schedule:
             rlg: the views' Relative Locality Graph.
             config: generation settings (defaults: one worker, one view per step).
             pixels: pixels of each view [V]; None drops the pixel term of the predicted cost.
+            view_cost: measured cost of each view [V] (any unit, >= 0; ``balance.measured_view_cost`` makes it from
+                a run's task times), used instead of the predicted cost to band and assign the views.
             view_keys: the regional order's keys [V] (``regions.view_keys``); needed by it only.
         """
         self.config = config or ScheduleConfig()
@@ -207,10 +230,25 @@ class Schedule:
         if self.config.order == "regions" and (view_keys is None or len(view_keys) != rlg.num_views):
             raise ValueError("the regional order needs a key per view (scheduling/regions.view_keys of its SfM points)")
         self.view_cost = predicted_view_cost(rlg.num_points, pixels, self.config)
+        if view_cost is not None:
+            self.view_cost = checked_view_cost(view_cost, self.view_cost.shape)
         upper = sp.triu(rlg.weights, k=1).tocoo()
         self._edges = (upper.row.astype(np.int64), upper.col.astype(np.int64), upper.data)
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
         self._regions = regions_of(view_keys, self.config.num_workers) if self.config.order == "regions" else []
+
+    def with_view_cost(self, view_cost: np.ndarray) -> Schedule:
+        """The same schedule (RLG, config, seed) balanced by ``view_cost`` [V], e.g. the views' measured render +
+        backward times in the previous epoch (``balance.measured_view_cost``).
+
+        Epoch e of the result is generated from (seed, e) and these costs alone, so a run that re-balances at an
+        epoch boundary switches to the result's epochs from there on (global step numbers do not move: the
+        number of steps per epoch is the same), and a resumed run regenerates them from the saved costs.
+        """
+        schedule = copy.copy(self)
+        schedule.view_cost = checked_view_cost(view_cost, self.view_cost.shape)
+        schedule._epochs = OrderedDict()
+        return schedule
 
     @property
     def num_views(self) -> int:
@@ -282,9 +320,11 @@ class Schedule:
         text: str,
         rlg: RelativeLocalityGraph,
         pixels: np.ndarray | None = None,
+        view_cost: np.ndarray | None = None,
         view_keys: np.ndarray | None = None,
     ) -> Schedule:
-        """Rebuild a schedule saved by :meth:`to_json`; ``rlg``, ``pixels`` and ``view_keys`` must be those it was
+        """Rebuild a schedule saved by :meth:`to_json`; ``rlg``, ``pixels``, ``view_cost`` and ``view_keys`` must be
+        those it was
         made from.
 
         Raises:
@@ -299,7 +339,7 @@ class Schedule:
                 f"an {FORMAT} v{data.get('version')!r} file, this odin-nerfstudio writes v{VERSION} (its steps are "
                 "assigned differently); resume with the version that wrote it, or start a new run"
             )
-        schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels, view_keys)
+        schedule = cls(rlg, ScheduleConfig(**data["config"]), pixels, view_cost, view_keys)
         if data["rlg_fingerprint"] != rlg.fingerprint() or data["num_views"] != schedule.num_views:
             raise ValueError(
                 "the schedule was compiled for a different RLG (other views, view order, tracks or RLG points); "
@@ -307,7 +347,10 @@ class Schedule:
                 "or compile a new schedule"
             )
         if data["view_cost_sha256"] != _array_digest(schedule.view_cost):
-            raise ValueError("the schedule was compiled with other view costs; pass the same pixels per view")
+            raise ValueError(
+                "the schedule was compiled with other view costs; pass the same pixels per view (and the same "
+                "measured view_cost, if it was balanced by one)"
+            )
         for stored in data["epochs"]:
             if _epoch_to_dict(schedule.epoch(stored["epoch"])) != stored:
                 raise ValueError(
@@ -322,31 +365,40 @@ class Schedule:
 
     @classmethod
     def load(
-        cls, path: Path, rlg: RelativeLocalityGraph, pixels: np.ndarray | None = None, view_keys: np.ndarray | None = None
+        cls,
+        path: Path,
+        rlg: RelativeLocalityGraph,
+        pixels: np.ndarray | None = None,
+        view_cost: np.ndarray | None = None,
+        view_keys: np.ndarray | None = None,
     ) -> Schedule:
         """Read a schedule written by :meth:`save`; see :meth:`from_json`."""
-        return cls.from_json(Path(path).read_text(), rlg, pixels, view_keys)
+        return cls.from_json(Path(path).read_text(), rlg, pixels, view_cost, view_keys)
 
     def _plan(self, epoch: int) -> EpochPlan:
         """Generate epoch ``epoch``: group, order, assign, then measure conflicts."""
         config, weights = self.config, self.rlg.weights
-        random_groups = self.random_groups(epoch)
-        random_mass = conflict_by_lag(self._edges, group_of_views(random_groups, self.num_views), len(random_groups), 1)
+        random_mass = float(self.random_conflict_profile(epoch).sum())
+        banded_random = self.random_groups(epoch, banded=True)
         if config.order == "random":
-            return self._assemble(epoch, random_groups, float(random_mass.sum()))
+            return self._assemble(epoch, banded_random, random_mass)
         if config.order == "regions":
             rng = np.random.default_rng([config.seed, epoch, 2])
             steps = regional_steps(self._regions, config.views_per_worker, rng)
             groups = [np.concatenate(step) for step in steps]
-            return self._assemble(epoch, groups, float(random_mass.sum()), fixed=steps)
+            return self._assemble(epoch, groups, random_mass, fixed=steps)
         rng = np.random.default_rng([config.seed, epoch, 0])
-        groups = grow_groups(weights, rng.permutation(self.num_views), config.step_size)
+        shuffle, bounds = cost_bands(
+            rng.permutation(self.num_views), self.view_cost, config.step_size, config.band_tolerance
+        )
+        groups = grow_groups(weights, shuffle, config.step_size, bounds)
         order = order_groups(weights, groups, config.step_size, config.ring_size, rng)
         groups = [groups[i] for i in untangle(weights, groups, order, config.step_size)]
         lag_mass = conflict_by_lag(self._edges, group_of_views(groups, self.num_views), len(groups), config.ring_size)
-        if lag_mass[:, 0].sum() > random_mass.sum():
-            return self._assemble(epoch, random_groups, float(random_mass.sum()))
-        return self._assemble(epoch, groups, float(random_mass.sum()), lag_mass)
+        fallback = conflict_by_lag(self._edges, group_of_views(banded_random, self.num_views), len(banded_random), 1)
+        if lag_mass[:, 0].sum() > fallback.sum():
+            return self._assemble(epoch, banded_random, random_mass)
+        return self._assemble(epoch, groups, random_mass, lag_mass)
 
     def _assemble(
         self,
@@ -373,10 +425,15 @@ class Schedule:
         """The views of each step of epoch ``epoch``, in step order."""
         return [np.asarray(step.views, dtype=np.int64) for step in self.epoch(epoch).steps]
 
-    def random_groups(self, epoch: int) -> list[np.ndarray]:
-        """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S."""
+    def random_groups(self, epoch: int, banded: bool = False) -> list[np.ndarray]:
+        """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S;
+        ``banded``: the same permutation arranged band by band (the cost bands of ``balance_tolerance``) first."""
+        size = self.config.step_size
         order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
-        return [order[i : i + self.config.step_size] for i in range(0, self.num_views, self.config.step_size)]
+        if banded:
+            order, bounds = cost_bands(order, self.view_cost, size, self.config.band_tolerance)
+            return [order[i : min(i + size, b)] for a, b in zip(bounds[:-1], bounds[1:]) for i in range(a, b, size)]
+        return [order[i : i + size] for i in range(0, self.num_views, size)]
 
     def random_conflict_profile(self, epoch: int) -> np.ndarray:
         """Conflict mass of each step with its predecessor in epoch ``epoch``'s random baseline, [steps_per_epoch];

@@ -61,6 +61,29 @@ def test_random_point_sets_equal_brute_force(sets: list[list[int]], shift: int) 
     assert_well_formed(rlg, point_sets)
 
 
+@pytest.mark.parametrize("shared", [126, 127, 128, 255, 256, 32767, 32768])
+def test_narrow_counts_do_not_overflow(shared: int) -> None:
+    """The co-observation counts use the narrowest integer type that holds the longest row: two views sharing
+    ``shared`` points (at the int8 and int16 limits, with duplicates) still get their exact Jaccard."""
+    common = np.arange(shared, dtype=np.int64)
+    point_sets = [np.concatenate([common, common[:3], [10**6]]), np.concatenate([common, [10**6 + 1, 10**6 + 2]])]
+    rlg = RelativeLocalityGraph.from_point_sets(point_sets)
+    assert rlg.weights[0, 1] == shared / (shared + 3)
+    np.testing.assert_array_equal(rlg.num_points, [shared + 1, shared + 2])
+    identical = RelativeLocalityGraph.from_point_sets([common, common, common[: shared // 2]])
+    np.testing.assert_array_equal(identical.weights.toarray()[0], [0.0, 1.0, (shared // 2) / shared])
+
+
+def test_city_int32_ids_equal_brute_force() -> None:
+    """The city generator's int32 ids (views into one buffer) give the brute-force Jaccard exactly."""
+    point_sets = city_point_sets(CityConfig(num_views=300, seed=4)).point_sets
+    assert point_sets[0].dtype == np.int32
+    rlg = RelativeLocalityGraph.from_point_sets(point_sets)
+    np.testing.assert_array_equal(rlg.weights.toarray(), brute_force_jaccard(point_sets))
+    assert_well_formed(rlg, point_sets)
+    assert rlg.num_edges > 300
+
+
 def test_isolated_views_have_degree_zero() -> None:
     """Views without tracks, or sharing none, are isolated nodes."""
     point_sets = [np.array([1, 2]), np.array([], np.int64), np.array([2, 3]), np.array([9])]

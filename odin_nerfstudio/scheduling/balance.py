@@ -1,0 +1,100 @@
+"""Steps whose workers finish together: cost bands for the schedule's groups, and per-view costs measured in a run.
+
+A barrier step lasts as long as its slowest worker. With B = 1 view per worker, a step's balance (max / mean worker
+cost) is fixed by which views share the step, not by how they are assigned: a group grown along RLG edges alone
+mixes a street's forward cameras (both facades, about twice the points) with its sideways ones (one facade), a
+balance of about 1.3 (BENCHMARKS.md, bench_compile). So the schedule grows its groups inside cost bands: views sorted
+by cost and cut into runs whose costs lie within a factor 1 + tolerance (:func:`cost_bands`); each step then holds
+views of nearly equal cost, and locality is sought among them. Band sizes are multiples of the step size S, so that
+no step straddles two bands, and hold at least ``MIN_BAND_GROUPS`` steps' worth of views: a band of a few steps
+leaves its groups no neighbours to grow along (on fern, 20 views at W = 2, over 20 epochs: bands of one or two steps
+gave 0.78 of the random order's conflict mass, bands of four 0.70, locality alone 0.70), so where the cost
+distribution is sparse (its tails, a small scene) a band spans more than the tolerance.
+
+Costs may come from measurement (:func:`measured_view_cost`): a view's render + backward seconds in the previous
+epoch, as Grendel balances by measured time; the counted SfM points and pixels only predict it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_BAND_GROUPS = 4
+"""Fewest steps' worth of views (groups of S) in a cost band."""
+
+
+def cost_bands(
+    order: np.ndarray, cost: np.ndarray, size: int, tolerance: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrange the views of ``order`` band by band (keeping their order within a band) and cut the bands.
+
+    Bands are consecutive runs of the views sorted by cost (ties by view index), each a multiple of ``size`` views
+    (the last one takes the V mod S rest), at least ``MIN_BAND_GROUPS`` x ``size`` of them and, where the cost
+    distribution is dense enough, spanning at most a factor ``1 + tolerance`` from its cheapest to its costliest
+    view.
+
+    Args:
+        order: a permutation of the views [V] (the epoch's shuffle).
+        cost: per-view cost [V] (predicted or measured), >= 0.
+        size: S, views per step.
+        tolerance: largest relative cost spread within a band; None: one band (locality alone).
+
+    Returns:
+        the views band by band [V] and the bands' bounds in it [bands + 1] (0 first, V last).
+    """
+    num_views = len(order)
+    if tolerance is None or num_views == 0:
+        return order, np.array([0, num_views], dtype=np.int64)
+    by_cost = np.argsort(cost, kind="stable")
+    sorted_cost = cost[by_cost]
+    bounds = [0]
+    while bounds[-1] < num_views:
+        low = bounds[-1]
+        within = int(np.searchsorted(sorted_cost, sorted_cost[low] * (1.0 + tolerance), side="right")) - low
+        high = low + max(MIN_BAND_GROUPS * size, within - within % size)
+        bounds.append(num_views if num_views - high < MIN_BAND_GROUPS * size else high)
+    band_of = np.empty(num_views, dtype=np.int64)
+    band_of[by_cost] = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    return order[np.argsort(band_of[order], kind="stable")], np.array(bounds, dtype=np.int64)
+
+
+def checked_view_cost(view_cost: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``view_cost`` as float64 of ``shape`` ([V]), or a ValueError saying what is wrong with it."""
+    cost = np.asarray(view_cost, dtype=np.float64)
+    if cost.shape != shape:
+        raise ValueError(f"view_cost must hold one cost per view, shape {shape}, got {cost.shape}")
+    if not np.all(np.isfinite(cost)) or np.any(cost < 0):
+        raise ValueError("view_cost must be finite and >= 0 for every view (measured seconds, for instance)")
+    return cost
+
+
+def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """Per-view cost [V] from measured task times, for the next epoch's schedule (``Schedule.with_view_cost``).
+
+    A view's cost is the mean of its measured times (a re-run counts as another measurement of its view); a view
+    without any keeps its predicted cost scaled by the median measured / predicted ratio of the measured views,
+    so both kinds are in seconds.
+
+    Args:
+        views: the view of every measured task [N] (the timeline's render spans carry it as ``view``).
+        seconds: render + backward seconds of every measured task [N].
+        predicted: the schedule's predicted per-view cost [V] (``Schedule.view_cost``).
+    """
+    views, seconds = np.asarray(views, dtype=np.int64), np.asarray(seconds, dtype=np.float64)
+    predicted = np.asarray(predicted, dtype=np.float64)
+    if views.shape != seconds.shape or (views.size and (views.min() < 0 or views.max() >= predicted.size)):
+        raise ValueError(
+            f"measured costs need one view index in [0, {predicted.size}) per time; got {views.shape} views for "
+            f"{seconds.shape} times (views in {views.min(initial=0)}..{views.max(initial=0)})"
+        )
+    if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
+        raise ValueError("measured task times must be finite and >= 0 seconds")
+    count = np.bincount(views, minlength=predicted.size)
+    total = np.bincount(views, weights=seconds, minlength=predicted.size)
+    measured = count > 0
+    cost = np.zeros(predicted.size)
+    cost[measured] = total[measured] / count[measured]
+    usable = measured & (predicted > 0)
+    scale = float(np.median(cost[usable] / predicted[usable])) if usable.any() else 1.0
+    cost[~measured] = scale * predicted[~measured]
+    return cost
