@@ -15,8 +15,9 @@ camera (not at a grazing angle) and is not occluded (its camera-space depth agre
 dropped. Each observation is a points2D entry at the projected pixel (COLMAP convention: the top-left pixel's
 center is (0.5, 0.5)) plus seeded Gaussian pixel noise.
 
-Presets: ``object`` (a torus around a ball, cameras on a wavy ring looking at it: dense overlap) and ``street``
-(two facades and a road, cameras driving down it while panning left and right: sparse overlap). Output is
+Presets: ``object`` (a torus around a ball, cameras on a wavy ring looking at it: dense overlap), ``street``
+(two facades and a road, cameras driving down it while panning left and right: sparse overlap) and ``city`` (the
+city generator's grid of streets, :mod:`odin_nerfstudio.scenes.synth_city`). Output is
 deterministic given the options: the world, the camera path and the noise each draw from their own generator.
 """
 
@@ -37,6 +38,7 @@ from PIL import Image
 from torch import Tensor
 
 from odin_nerfstudio.rendering.rasterize import rasterization
+from odin_nerfstudio.scenes.synth_city import city_generators
 from odin_nerfstudio.scenes.surfaces import (
     FACADE_HEIGHT,
     STREET_WIDTH,
@@ -55,7 +57,9 @@ from odin_nerfstudio.scheduling.colmap_model import import_pycolmap
 
 pycolmap = import_pycolmap()
 
-PresetName = Literal["object", "street"]
+PresetName = Literal["object", "street", "city"]
+PRESET_SIZES = {"object": (24, 20_000, 2_000), "street": (24, 20_000, 2_000), "city": (80, 100_000, 20_000)}
+"""Views, Gaussians and offered 3D points of each preset when the options leave them out."""
 
 NEAR = 0.05
 """Nearest camera-space depth at which a point is observed (world units)."""
@@ -72,19 +76,24 @@ class SynthConfig:
     """Options of one synthetic scene; `make_scene` writes it, `odin-synth` exposes every field."""
 
     preset: PresetName = "object"
-    """World and camera path: 'object' (dense overlap) or 'street' (sparse overlap)."""
-    num_views: int = 24
-    """Number of rendered views (COLMAP images)."""
+    """World and camera path: 'object' (dense overlap), 'street' (sparse overlap) or 'city' (the city generator's
+    grid of streets: views on different streets share almost nothing)."""
+    num_views: Optional[int] = None
+    """Number of rendered views (COLMAP images); default: the preset's (24; city: 80)."""
     width: int = 128
     """Image width in pixels."""
     height: int = 96
     """Image height in pixels."""
-    num_gaussians: int = 20_000
-    """Number of Gaussians in the procedural world."""
+    num_gaussians: Optional[int] = None
+    """Number of Gaussians in the procedural world; default: the preset's (20,000; city: 100,000)."""
     street_length: float = 30.0
     """Length of the street in meters (street preset): longer streets at the same view count overlap less."""
-    num_points: int = 2_000
-    """Number of Gaussian centers offered as 3D points; those seen by fewer than 2 views are dropped."""
+    num_points: Optional[int] = None
+    """Number of Gaussian centers offered as 3D points, those seen by fewer than 2 views dropped; default: the
+    preset's (2,000; city: 20,000)."""
+    block_size: float = 20.0
+    """Distance between parallel streets in meters (city preset): about sqrt(num_views / block_size) streets run
+    each way, cameras about 2 m apart (scenes/citygen.py)."""
     pixel_noise: float = 0.25
     """Standard deviation of the Gaussian noise added to each observation, in pixels."""
     seed: int = 0
@@ -95,13 +104,19 @@ class SynthConfig:
     """Replace images/ and sparse/ if the scene folder already holds them."""
 
     def __post_init__(self) -> None:
-        """Reject options that cannot make a scene with tracks."""
+        """Fill in the preset's sizes; reject options that cannot make a scene with tracks."""
+        views, gaussians, points = PRESET_SIZES[self.preset]
+        self.num_views = views if self.num_views is None else self.num_views
+        self.num_gaussians = gaussians if self.num_gaussians is None else self.num_gaussians
+        self.num_points = points if self.num_points is None else self.num_points
         if self.num_views < 2 or self.width < 2 or self.height < 2:
             raise ValueError("need num_views >= 2 and an image of at least 2x2 pixels")
         if self.num_gaussians < 1 or self.num_points < 1 or self.pixel_noise < 0:
             raise ValueError("need num_gaussians >= 1, num_points >= 1 and pixel_noise >= 0")
         if self.street_length < 8.0:
             raise ValueError("need street_length >= 8 (m): the cameras keep 2 m from each end")
+        if self.block_size <= STREET_WIDTH:
+            raise ValueError(f"need block_size > {STREET_WIDTH} (m), the street's width, or no building stands")
 
     def output_dir(self) -> Path:
         """The scene folder this config writes to."""
@@ -463,7 +478,10 @@ def prepare_output(config: SynthConfig) -> Path:
 
 
 def preset_for(config: SynthConfig) -> Preset:
-    """The preset of `config`, sized by its options (the street's length)."""
+    """The preset of `config`, sized by its options (the street's length; the city's views and block size)."""
+    if config.preset == "city":  # the street's camera model over the city generator's layout
+        street = PRESETS["street"]
+        return replace(street, **city_generators(config.num_views, config.block_size, street.max_depth))
     preset = PRESETS[config.preset]
     if config.preset != "street":
         return preset
@@ -509,7 +527,8 @@ def summary(scene: Path) -> str:
 DESCRIPTION = (
     "Write a synthetic scene in the COLMAP layout that ns-train and odin-schedule read (images/ and sparse/0/): "
     "procedural 3D Gaussians rendered along a camera path, with SfM-like tracks from what each view sees. "
-    "Presets: object (cameras around an object, dense overlap) and street (a long street, sparse overlap)."
+    "Presets: object (cameras around an object, dense overlap), street (a long street, sparse overlap) and city "
+    "(a grid of streets, each view seeing its own street)."
 )
 """odin-synth's --help description (the config's docstring speaks to the code that uses it)."""
 
