@@ -70,26 +70,69 @@ class SyntheticCity:
         return sum(len(ids) for ids in self.point_sets) / max(self.num_points, 1)
 
 
+@dataclass(frozen=True, eq=False)
+class CityLayout:
+    """Where the city's streets and cameras are (what :func:`city_point_sets` and odin-synth's city preset share).
+
+    Attributes:
+        street_length: length L of every street (m); streets run from 0 to L.
+        cameras_per_street: cameras on each street [S]; streets 0..S/2-1 run along x at y = s * block_size, the
+            others along y at x = (s - S/2) * block_size.
+        street: street of every camera [V]; position: its distance along the street [V] (m); heading: its index
+            into ``HEADINGS`` [V].
+        camera_positions: camera centres [V, 3] (z = 1.6 m); camera_headings: camera yaw in radians [V].
+    """
+
+    street_length: float
+    cameras_per_street: np.ndarray
+    street: np.ndarray
+    position: np.ndarray
+    heading: np.ndarray
+    camera_positions: np.ndarray
+    camera_headings: np.ndarray
+
+    @property
+    def streets_per_direction(self) -> int:
+        """Parallel streets in each direction (the grid has this many squared crossings)."""
+        return self.cameras_per_street.size // 2
+
+
+def city_layout(config: CityConfig) -> CityLayout:
+    """The street grid and the ``config.num_views`` cameras along it, in street order (forward, backward, left,
+    right in turn along each street)."""
+    if config.num_views < 8:
+        raise ValueError(f"a city needs at least 8 views (2 streets x 4 headings), got {config.num_views}")
+    street_length, cams = _street_grid(config)
+    street, position, heading = _camera_layout(cams, street_length)
+    return CityLayout(
+        street_length=street_length,
+        cameras_per_street=cams,
+        street=street,
+        position=position,
+        heading=heading,
+        camera_positions=_camera_positions(street, position, cams.size, config.block_size),
+        camera_headings=np.where(street < cams.size // 2, 0.0, np.pi / 2) + HEADINGS[heading],
+    )
+
+
 def city_point_sets(config: CityConfig | None = None) -> SyntheticCity:
     """Generate a grid-of-streets city of exactly ``config.num_views`` cameras and their SfM tracks."""
     config = config or CityConfig()
-    if config.num_views < 8:
-        raise ValueError(f"a city needs at least 8 views (2 streets x 4 headings), got {config.num_views}")
+    layout = city_layout(config)
     rng = np.random.default_rng(config.seed)
-    street_length, cams = _street_grid(config)
+    cams, street_length = layout.cameras_per_street, layout.street_length
     facade_length = street_length + 2.0 * config.max_range
     per_facade = max(1, int(round(config.points_per_view * config.num_views / (2 * cams.size))))
     keys = _facade_point_keys(rng, 2 * cams.size, per_facade, facade_length)
-    street, position, heading = _camera_layout(cams, street_length)
-    first, stop = _visible_ranges(config, keys, facade_length, street, position, heading)
+    first, stop = _visible_ranges(config, keys, facade_length, layout.street, layout.position, layout.heading)
     ids, row_start = _expand_ranges(first.ravel(), stop.ravel())
     kept = rng.integers(0, 256, size=ids.size, dtype=np.uint8) < round(256 * config.detection_rate)
     ids, kept = _drop_short_tracks(ids, kept, keys.size)
     kept_before = np.concatenate([[0], np.cumsum(kept, dtype=np.int32)])[row_start[::2]]
     return SyntheticCity(
         point_sets=np.split(ids, kept_before[1:-1]),
-        camera_positions=_camera_positions(street, position, cams.size, config.block_size),
-        camera_headings=np.where(street < cams.size // 2, 0.0, np.pi / 2) + HEADINGS[heading],
+        camera_positions=layout.camera_positions,
+        camera_headings=layout.camera_headings,
         num_points=int(ids.max()) + 1 if ids.size else 0,
     )
 

@@ -15,8 +15,9 @@ camera (not at a grazing angle) and is not occluded (its camera-space depth agre
 dropped. Each observation is a points2D entry at the projected pixel (COLMAP convention: the top-left pixel's
 center is (0.5, 0.5)) plus seeded Gaussian pixel noise.
 
-Presets: ``object`` (a torus around a ball, cameras on a wavy ring looking at it: dense overlap) and ``street``
-(two facades and a road, cameras driving down it while panning left and right: sparse overlap). Output is
+Presets: ``object`` (a torus around a ball, cameras on a wavy ring looking at it: dense overlap), ``street``
+(two facades and a road, cameras driving down it while panning left and right: sparse overlap) and ``city`` (the
+city generator's grid of streets, :mod:`odin_nerfstudio.scenes.synth_city`). Output is
 deterministic given the options: the world, the camera path and the noise each draw from their own generator.
 """
 
@@ -37,11 +38,28 @@ from PIL import Image
 from torch import Tensor
 
 from odin_nerfstudio.rendering.rasterize import rasterization
+from odin_nerfstudio.scenes.synth_city import city_generators
+from odin_nerfstudio.scenes.surfaces import (
+    FACADE_HEIGHT,
+    STREET_WIDTH,
+    GaussianWorld,
+    f32,
+    facade_colors,
+    ground_colors,
+    look_at,
+    palette,
+    sample_rectangle,
+    split_count,
+    surface_gaussians,
+    with_noise,
+)
 from odin_nerfstudio.scheduling.colmap_model import import_pycolmap
 
 pycolmap = import_pycolmap()
 
-PresetName = Literal["object", "street"]
+PresetName = Literal["object", "street", "city"]
+PRESET_SIZES = {"object": (24, 20_000, 2_000), "street": (24, 20_000, 2_000), "city": (80, 100_000, 20_000)}
+"""Views, Gaussians and offered 3D points of each preset when the options leave them out."""
 
 NEAR = 0.05
 """Nearest camera-space depth at which a point is observed (world units)."""
@@ -58,19 +76,24 @@ class SynthConfig:
     """Options of one synthetic scene; `make_scene` writes it, `odin-synth` exposes every field."""
 
     preset: PresetName = "object"
-    """World and camera path: 'object' (dense overlap) or 'street' (sparse overlap)."""
-    num_views: int = 24
-    """Number of rendered views (COLMAP images)."""
+    """World and camera path: 'object' (dense overlap), 'street' (sparse overlap) or 'city' (the city generator's
+    grid of streets: views on different streets share almost nothing)."""
+    num_views: Optional[int] = None
+    """Number of rendered views (COLMAP images); default: the preset's (24; city: 80)."""
     width: int = 128
     """Image width in pixels."""
     height: int = 96
     """Image height in pixels."""
-    num_gaussians: int = 20_000
-    """Number of Gaussians in the procedural world."""
+    num_gaussians: Optional[int] = None
+    """Number of Gaussians in the procedural world; default: the preset's (20,000; city: 100,000)."""
     street_length: float = 30.0
     """Length of the street in meters (street preset): longer streets at the same view count overlap less."""
-    num_points: int = 2_000
-    """Number of Gaussian centers offered as 3D points; those seen by fewer than 2 views are dropped."""
+    num_points: Optional[int] = None
+    """Number of Gaussian centers offered as 3D points, those seen by fewer than 2 views dropped; default: the
+    preset's (2,000; city: 20,000)."""
+    block_size: float = 20.0
+    """Distance between parallel streets in meters (city preset): about sqrt(num_views / block_size) streets run
+    each way, cameras about 2 m apart (scenes/citygen.py)."""
     pixel_noise: float = 0.25
     """Standard deviation of the Gaussian noise added to each observation, in pixels."""
     seed: int = 0
@@ -81,33 +104,23 @@ class SynthConfig:
     """Replace images/ and sparse/ if the scene folder already holds them."""
 
     def __post_init__(self) -> None:
-        """Reject options that cannot make a scene with tracks."""
+        """Fill in the preset's sizes; reject options that cannot make a scene with tracks."""
+        views, gaussians, points = PRESET_SIZES[self.preset]
+        self.num_views = views if self.num_views is None else self.num_views
+        self.num_gaussians = gaussians if self.num_gaussians is None else self.num_gaussians
+        self.num_points = points if self.num_points is None else self.num_points
         if self.num_views < 2 or self.width < 2 or self.height < 2:
             raise ValueError("need num_views >= 2 and an image of at least 2x2 pixels")
         if self.num_gaussians < 1 or self.num_points < 1 or self.pixel_noise < 0:
             raise ValueError("need num_gaussians >= 1, num_points >= 1 and pixel_noise >= 0")
         if self.street_length < 8.0:
             raise ValueError("need street_length >= 8 (m): the cameras keep 2 m from each end")
+        if self.block_size <= STREET_WIDTH:
+            raise ValueError(f"need block_size > {STREET_WIDTH} (m), the street's width, or no building stands")
 
     def output_dir(self) -> Path:
         """The scene folder this config writes to."""
         return self.output if self.output is not None else Path("data") / "synth" / self.preset
-
-
-@dataclass(frozen=True)
-class GaussianWorld:
-    """Procedural 3D Gaussians, each a flat disc on a surface, in gsplat's parameterization (float32, CPU).
-
-    means [N, 3], quats [N, 4] (wxyz), scales [N, 3], opacities [N] in (0, 1), colors [N, 3] RGB in [0, 1],
-    normals [N, 3] unit surface normals (the side the surface is seen from).
-    """
-
-    means: Tensor
-    quats: Tensor
-    scales: Tensor
-    opacities: Tensor
-    colors: Tensor
-    normals: Tensor
 
 
 @dataclass(frozen=True)
@@ -148,53 +161,6 @@ class Preset:
     """Farthest camera-space depth at which SfM would still match a feature (world units)."""
 
 
-def quats_from_normals(normals: np.ndarray) -> np.ndarray:
-    """Unit quaternions (wxyz) [N, 4] that rotate the local z axis onto the unit normals [N, 3], sign-free.
-
-    A disc is symmetric under flipping its normal, so normals are first turned into the z >= 0 half-space; the
-    shortest-arc quaternion (1 + n_z, -n_y, n_x, 0) is then never degenerate.
-    """
-    n = np.where(normals[:, 2:3] < 0.0, -normals, normals)
-    q = np.stack([1.0 + n[:, 2], -n[:, 1], n[:, 0], np.zeros(len(n))], axis=1)
-    return q / np.linalg.norm(q, axis=1, keepdims=True)
-
-
-def surface_gaussians(
-    points: np.ndarray, normals: np.ndarray, colors: np.ndarray, area: float, rng: Generator
-) -> GaussianWorld:
-    """Flat discs at surface samples: points [N, 3], unit normals [N, 3], colors [N, 3] over a total `area`.
-
-    The disc radius follows the mean sample spacing sqrt(area / N) so neighbouring discs overlap into a closed,
-    occluding surface; opacities are high with a little seeded variation.
-    """
-    spacing = math.sqrt(area / len(points))
-    radius = 0.8 * spacing * rng.uniform(0.85, 1.15, size=(len(points), 1))
-    scales = np.concatenate([radius, radius, 0.05 * radius], axis=1)
-    opacities = rng.uniform(0.85, 0.98, size=len(points))
-    return GaussianWorld(
-        means=_f32(points),
-        quats=_f32(quats_from_normals(normals)),
-        scales=_f32(scales),
-        opacities=_f32(opacities),
-        colors=_f32(np.clip(colors, 0.0, 1.0)),
-        normals=_f32(normals),
-    )
-
-
-def split_count(total: int, weights: list[float]) -> list[int]:
-    """Split `total` into non-negative integers proportional to `weights` that sum to `total`."""
-    shares = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-    counts = np.floor(shares * total).astype(int)
-    counts[np.argmax(shares)] += total - int(counts.sum())
-    return counts.tolist()
-
-
-def palette(t: np.ndarray) -> np.ndarray:
-    """A smooth cyclic color ramp: t [...] -> RGB [..., 3] in [0, 1] (a cosine palette)."""
-    phases = np.array([0.0, 1.0 / 3.0, 2.0 / 3.0])
-    return 0.5 + 0.45 * np.cos(2.0 * np.pi * (t[..., None] + phases))
-
-
 def sample_torus(n: int, major: float, minor: float, rng: Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Area-uniform samples on a torus around the z axis: points [n, 3], normals [n, 3], (u, v) angles [n, 2].
 
@@ -214,14 +180,6 @@ def sample_sphere(n: int, radius: float, rng: Generator) -> tuple[np.ndarray, np
     normals = rng.normal(size=(n, 3))
     normals /= np.linalg.norm(normals, axis=1, keepdims=True)
     return radius * normals, normals
-
-
-def sample_rectangle(
-    n: int, origin: np.ndarray, edge_u: np.ndarray, edge_v: np.ndarray, rng: Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Uniform samples on the rectangle origin + a edge_u + b edge_v: points [n, 3], coordinates (a, b) [n, 2]."""
-    ab = rng.uniform(0.0, 1.0, size=(n, 2))
-    return origin + ab[:, :1] * edge_u + ab[:, 1:] * edge_v, ab
 
 
 def rotation_x(angle: float) -> np.ndarray:
@@ -258,40 +216,10 @@ def object_world(num_gaussians: int, rng: Generator) -> GaussianWorld:
     return surface_gaussians(
         np.concatenate([torus_points @ tilt.T, ball_points]),
         np.concatenate([torus_normals @ tilt.T, ball_normals]),
-        _with_noise(np.concatenate([torus_colors(uv), ball_colors(ball_normals)]), rng),
+        with_noise(np.concatenate([torus_colors(uv), ball_colors(ball_normals)]), rng),
         torus_area + ball_area,
         rng,
     )
-
-
-STREET_WIDTH, FACADE_HEIGHT = 8.0, 4.0
-
-
-def facade_colors(along: np.ndarray, up: np.ndarray, length: float, rng: Generator) -> np.ndarray:
-    """Building facades: per-building wall color, a window grid, floor bands. along, up [n] in meters -> [n, 3].
-
-    Buildings are 3 to 6 m wide with seeded colors and window pitch, so no two stretches of street look alike.
-    """
-    edges = np.cumsum(rng.uniform(3.0, 6.0, size=int(length / 3.0) + 2))
-    building = np.searchsorted(edges, along)
-    hue = rng.uniform(0.0, 1.0, size=len(edges) + 1)[building]
-    pitch = rng.uniform(0.9, 1.6, size=len(edges) + 1)[building]
-    wall = palette(hue) * 0.7 + 0.25
-    in_window = (np.mod(along / pitch, 1.0) > 0.3) & (np.mod(up / 1.4, 1.0) > 0.35) & (up > 1.0)
-    window = palette(hue + 0.5) * 0.25 + np.array([0.05, 0.1, 0.2])
-    floor_band = (np.mod(up / 1.4, 1.0) < 0.08)[:, None]
-    colors = np.where(in_window[:, None], window, wall)
-    return np.where(floor_band, colors * 0.55, colors)
-
-
-def ground_colors(along: np.ndarray, across: np.ndarray) -> np.ndarray:
-    """Road and sidewalks: asphalt with a dashed center line, tiled sidewalks. along, across [n] -> [n, 3]."""
-    asphalt = np.tile([0.3, 0.3, 0.33], (len(along), 1))
-    dash = (np.abs(across) < 0.1) & (np.mod(along, 2.0) < 1.0)
-    sidewalk = np.abs(across) > STREET_WIDTH / 2.0 - 1.2
-    tiles = 0.6 + 0.12 * np.sign(np.sin(np.pi * along / 0.5) * np.sin(np.pi * across / 0.5))
-    colors = np.where(dash[:, None], np.array([0.95, 0.9, 0.6]), asphalt)
-    return np.where(sidewalk[:, None], np.stack([tiles, 0.92 * tiles, 0.85 * tiles], axis=1), colors)
 
 
 def street_world(num_gaussians: int, rng: Generator, length: float = 30.0) -> GaussianWorld:
@@ -312,21 +240,7 @@ def street_world(num_gaussians: int, rng: Generator, length: float = 30.0) -> Ga
     points, _ = sample_rectangle(counts[2], np.array([0.0, -half, 0.0]), along_x, across_y, rng)
     parts.append((points, np.tile([0.0, 0.0, 1.0], (counts[2], 1)), ground_colors(points[:, 0], points[:, 1])))
     points, normals, colors = (np.concatenate(arrays) for arrays in zip(*parts))
-    return surface_gaussians(points, normals, _with_noise(colors, rng), 2.0 * facade_area + ground_area, rng)
-
-
-def look_at(eyes: np.ndarray, targets: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """World-to-camera matrices [C, 4, 4] (OpenCV: x right, y down, z forward) from eyes, targets [C, 3], up [3]."""
-    forward = targets - eyes
-    forward /= np.linalg.norm(forward, axis=1, keepdims=True)
-    right = np.cross(forward, up)
-    right /= np.linalg.norm(right, axis=1, keepdims=True)
-    down = np.cross(forward, right)
-    rotation = np.stack([right, down, forward], axis=1)
-    viewmats = np.tile(np.eye(4), (len(eyes), 1, 1))
-    viewmats[:, :3, :3] = rotation
-    viewmats[:, :3, 3] = -np.einsum("cij,cj->ci", rotation, eyes)
-    return viewmats
+    return surface_gaussians(points, normals, with_noise(colors, rng), 2.0 * facade_area + ground_area, rng)
 
 
 def object_cameras(num_views: int) -> np.ndarray:
@@ -385,8 +299,8 @@ def render_view(world: GaussianWorld, viewmat: np.ndarray, path: CameraPath) -> 
         world.scales,
         world.opacities,
         world.colors,
-        _f32(viewmat)[None],
-        _f32(path.K)[None],
+        f32(viewmat)[None],
+        f32(path.K)[None],
         path.width,
         path.height,
         packed=False,
@@ -564,7 +478,10 @@ def prepare_output(config: SynthConfig) -> Path:
 
 
 def preset_for(config: SynthConfig) -> Preset:
-    """The preset of `config`, sized by its options (the street's length)."""
+    """The preset of `config`, sized by its options (the street's length; the city's views and block size)."""
+    if config.preset == "city":  # the street's camera model over the city generator's layout
+        street = PRESETS["street"]
+        return replace(street, **city_generators(config.num_views, config.block_size, street.max_depth))
     preset = PRESETS[config.preset]
     if config.preset != "street":
         return preset
@@ -610,7 +527,8 @@ def summary(scene: Path) -> str:
 DESCRIPTION = (
     "Write a synthetic scene in the COLMAP layout that ns-train and odin-schedule read (images/ and sparse/0/): "
     "procedural 3D Gaussians rendered along a camera path, with SfM-like tracks from what each view sees. "
-    "Presets: object (cameras around an object, dense overlap) and street (a long street, sparse overlap)."
+    "Presets: object (cameras around an object, dense overlap), street (a long street, sparse overlap) and city "
+    "(a grid of streets, each view seeing its own street)."
 )
 """odin-synth's --help description (the config's docstring speaks to the code that uses it)."""
 
@@ -634,16 +552,6 @@ def main() -> None:
         task = progress.add_task("render", total=config.num_views)
         scene = make_scene(config, on_view=lambda: progress.advance(task))
     print(summary(scene))
-
-
-def _f32(array: np.ndarray) -> Tensor:
-    """A float32 CPU tensor copy of `array`."""
-    return torch.as_tensor(np.asarray(array), dtype=torch.float32)
-
-
-def _with_noise(colors: np.ndarray, rng: Generator) -> np.ndarray:
-    """Colors [n, 3] with seeded per-Gaussian jitter (std 0.06), so flat areas carry texture too."""
-    return colors + rng.normal(0.0, 0.06, size=colors.shape)
 
 
 if __name__ == "__main__":

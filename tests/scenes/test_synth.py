@@ -12,7 +12,7 @@ import pycolmap
 import pytest
 from PIL import Image
 
-from odin_nerfstudio.scenes import synth
+from odin_nerfstudio.scenes import surfaces, synth
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 
 NOISE = 0.25
@@ -131,7 +131,7 @@ def test_look_at_is_opencv() -> None:
 def test_quats_rotate_z_onto_the_normal_up_to_sign() -> None:
     """quats_from_normals maps the disc's local z axis onto +-normal, including normals along -z."""
     normals = np.array([[0.0, 0.0, 1.0], [0.0, 0.0, -1.0], [1.0, 0.0, 0.0], [0.6, -0.8, 0.0], [0.48, 0.6, -0.64]])
-    w, x, y, z = synth.quats_from_normals(normals).T
+    w, x, y, z = surfaces.quats_from_normals(normals).T
     rotated_z = np.stack([2 * (x * z + w * y), 2 * (y * z - w * x), 1 - 2 * (x * x + y * y)], axis=1)
     np.testing.assert_allclose(np.abs(np.einsum("ni,ni->n", rotated_z, normals)), 1.0, atol=1e-12)
 
