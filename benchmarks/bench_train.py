@@ -142,6 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="*", default=REPLICATED, choices=list(VARIANTS), help="variants to run")
     parser.add_argument("--dense", action=argparse.BooleanOptionalAction, default=True, help="also the dense scene")
     parser.add_argument("--dense-modes", nargs="*", default=["ddp", "barrier", "quality"], choices=list(VARIANTS))
+    parser.add_argument("--city", action=argparse.BooleanOptionalAction, default=False, help="also odin-synth's city")
+    parser.add_argument("--city-modes", nargs="*", default=None, choices=list(VARIANTS), help="default: --modes")
     parser.add_argument(
         "--interconnect",
         default="none",
@@ -195,6 +197,13 @@ def make_object(args: argparse.Namespace, folder: Path) -> Path:
     """The dense scene: odin-synth's object (the quickstart's scene), every view sees most of it."""
     scene = folder / "object"
     run([str(BIN / "odin-synth"), "--preset", "object", "--output", str(scene)], args.timeout)
+    return scene
+
+
+def make_city(args: argparse.Namespace, folder: Path) -> Path:
+    """The city: odin-synth's city preset (a grid of streets, each view seeing its own street), at its defaults."""
+    scene = folder / "city"
+    run([str(BIN / "odin-synth"), "--preset", "city", "--output", str(scene)], args.timeout)
     return scene
 
 
@@ -400,7 +409,9 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
         (
             f"Scenes: the sparse street, odin-synth's street preset, {args.views} views at 128x96 along "
             f"{args.street_length:.0f} m, {args.gaussians:,} procedural Gaussians, {args.points:,} offered as SfM "
-            "points; the dense scene, odin-synth's object preset (24 views around a torus and a ball). Every 8th view "
+            "points; the city (with --city), odin-synth's city preset (80 views along a 2 x 2 grid of streets, 100,000 "
+            "Gaussians, 20,000 offered as SfM points); the dense scene, odin-synth's object preset (24 views around a "
+            "torus and a ball). Every 8th view "
             f"held out. {args.iterations} schedule steps per run through `torchrun ... odin-train odin-splat`, then "
             "ns-eval's `ComputePSNR`. Variants: "
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
@@ -426,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         folder = Path(tmp)
         plans = [(make_street(args, folder), args.modes)]
+        if args.city:
+            plans.append((make_city(args, folder), args.city_modes or args.modes))
         if args.dense:
             plans.append((make_object(args, folder), args.dense_modes))
         runs, failed = [], []
