@@ -85,3 +85,12 @@ def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_wr
         shard_rows = sum(int(row[2].replace(",", "")) for row in rows[:-1])
         assert shard_rows == int(rows[-1][2].replace(",", "")) == 20_000, "the shards cut the replica's rows"
     assert "updated" not in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_quality_quick_trains_every_variant_through_the_cli_and_writes_nothing() -> None:
+    result = run_quick("bench_quality", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for label in ("ddp, 1 worker (dense Adam: reference)", "throughput, 4 virtual workers", "sharded quality, 2 gloo"):
+        assert label in result.stdout
+    assert "PSNR vs ref [90% interval]" in result.stdout and "updated" not in result.stdout
