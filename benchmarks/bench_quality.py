@@ -28,7 +28,8 @@ the first held-out view of the first seed of every variant side by side (``--fig
 Usage: ``python benchmarks/bench_quality.py [--scenes kermit_320 fern fountain_p11] [--seeds 1 2 3]
 [--scene-seeds fern=1 fountain_p11=1] [--views 1000] [--jobs 2] [--quick] [--no-write]``; writes the section
 between ``<!-- bench_quality:start -->`` and ``<!-- bench_quality:end -->`` of BENCHMARKS.md unless
-``--no-write``. ``--quick``: kermit_320, a few views, one seed, nothing written (a smoke test of the pipeline).
+``--no-write``. ``--quick``: kermit_320, 16 views, one seed, four variants (1-worker ddp and barrier, throughput-first
+on 4 virtual workers, sharded on 2 gloo ranks), nothing written: a smoke test of the pipeline.
 """
 
 from __future__ import annotations
@@ -186,10 +187,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-write", action="store_true", help="print only: leave BENCHMARKS.md and the picture")
     parser.add_argument("--report-only", action="store_true", help="report the kept results only, train nothing")
     parser.add_argument("--note", default="", help="a line for the report: what this run leaves out, and why")
-    parser.add_argument("--quick", action="store_true", help="smoke test: kermit_320, 16 views, 1 seed, no write")
+    parser.add_argument("--quick", action="store_true", help="smoke test: kermit_320, 16 views, 1 seed, 4 variants")
     args = parser.parse_args(argv)
     if args.quick:
         args.scenes, args.seeds, args.views, args.no_write = ["kermit_320"], [1], 16, True
+        args.variants = [REFERENCE, "barrier-1", "throughput-4", "sharded-2"]
         args.workdir = args.workdir.parent / "bench_quality_quick"
         args.fresh = True
     args.seeds_of = {scene: list(args.seeds) for scene in args.scenes}
@@ -482,7 +484,10 @@ def main(argv: list[str] | None = None) -> None:
         for (scene, variant, seed), future in zip(plan, futures):
             runs.append(future.result())
             print(f"{scene} {variant.name} seed {seed}: {runs[-1].psnr:.2f} dB, SSIM {runs[-1].ssim:.4f}", flush=True)
-    command = "python benchmarks/bench_quality.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    if "--note" in given:  # the note is printed on its own line
+        given = given[: given.index("--note")] + given[given.index("--note") + 2 :]
+    command = "python benchmarks/bench_quality.py " + shlex.join(given)
     text = report(args, command.strip(), runs)
     publish(NAME, text, None if args.no_write else args.output)
     if not args.no_write:
