@@ -169,7 +169,7 @@ class OdinDatamanager(FullImageDatamanager):
         Raises:
             ValueError: the saved schedule belongs to another scene or other schedule options.
         """
-        from odin_nerfstudio.scheduling.schedule import describe
+        from odin_nerfstudio.scheduling.report import describe
 
         if resumed_from is not None:
             self.check_saved_schedule(resumed_from / SCHEDULE_FILENAME)

@@ -98,3 +98,17 @@ def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.nda
     scale = float(np.median(cost[usable] / predicted[usable])) if usable.any() else 1.0
     cost[~measured] = scale * predicted[~measured]
     return cost
+
+
+def predicted_view_cost(
+    num_points: np.ndarray, pixels: np.ndarray | None, cost_per_point: float, cost_per_pixel: float
+) -> np.ndarray:
+    """cost_per_point * num_points + cost_per_pixel * pixels per view, [V] float64 (pixels None: no pixel term):
+    the schedule's cost of a view when none was measured."""
+    cost = cost_per_point * np.asarray(num_points, dtype=np.float64)
+    if pixels is None:
+        return cost
+    pixels = np.asarray(pixels, dtype=np.float64)
+    if pixels.shape != cost.shape:
+        raise ValueError(f"pixels must hold one count per view, shape {cost.shape}, got {pixels.shape}")
+    return cost + cost_per_pixel * pixels

@@ -28,7 +28,8 @@ import tyro
 
 from odin_nerfstudio.scheduling.drawn_conflicts import drawn_ratio_line
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
-from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, describe
+from odin_nerfstudio.scheduling.report import describe
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.scheduling.tracks import RlgPoints, load_reconstruction, read_colmap_tracks
 
 

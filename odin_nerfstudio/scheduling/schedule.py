@@ -74,7 +74,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from odin_nerfstudio.scheduling.balance import checked_view_cost, cost_bands
+from odin_nerfstudio.scheduling.balance import checked_view_cost, cost_bands, predicted_view_cost
 from odin_nerfstudio.scheduling.ordering import (
     assign_lpt,
     conflict_by_lag,
@@ -229,7 +229,8 @@ class Schedule:
         self.rlg, self.view_keys = rlg, view_keys
         if self.config.order == "regions" and (view_keys is None or len(view_keys) != rlg.num_views):
             raise ValueError("the regional order needs a key per view (scheduling/regions.view_keys of its SfM points)")
-        self.view_cost = predicted_view_cost(rlg.num_points, pixels, self.config)
+        config = self.config
+        self.view_cost = predicted_view_cost(rlg.num_points, pixels, config.cost_per_point, config.cost_per_pixel)
         if view_cost is not None:
             self.view_cost = checked_view_cost(view_cost, self.view_cost.shape)
         upper = sp.triu(rlg.weights, k=1).tocoo()
@@ -472,44 +473,6 @@ class Schedule:
             conflict_mass=float(lag_mass[0]),
             overlap_window=tuple(range(index - depth, index)),
         )
-
-
-def describe(schedule: Schedule, epochs: int = 1) -> list[str]:
-    """Human-readable RLG and schedule statistics over the first ``epochs`` epochs, one line per topic.
-
-    Shared by the ``odin-schedule`` command and the training log, so both report the same numbers.
-    """
-    graph, stats, config = schedule.rlg.summary(), schedule.summary(epochs), schedule.config
-    short = schedule.num_views % config.step_size
-    return [
-        f"RLG: {_count(graph['views'], 'view')}, {_count(graph['edges'], 'edge')}, mean weight "
-        f"{graph['mean_weight']:.4f}, max weight {graph['max_weight']:.4f}, "
-        f"{_count(graph['isolated_views'], 'isolated view')}",
-        f"schedule: W={_count(config.num_workers, 'worker')} x B={_count(config.views_per_worker, 'view')} = "
-        f"{_count(config.step_size, 'view')} per step, {_count(schedule.steps_per_epoch, 'step')} per epoch"
-        + (f" (the last one short: {_count(short, 'view')})" if short else "")
-        + f", seed {config.seed}",
-        f"conflict mass between consecutive steps over {epochs} epoch(s): {stats['conflict_mass']:.4f} scheduled "
-        f"vs {stats['random_conflict_mass']:.4f} random order, ratio {stats['ratio']:.3f}",
-        f"balance (max/mean predicted worker cost, averaged over full steps): {stats['balance']:.3f}; "
-        f"mean overlap window {stats['mean_overlap_window']:.2f} steps (ring size {config.ring_size})",
-    ]
-
-
-def _count(number: int, noun: str) -> str:
-    """``number`` ``noun``, the noun in the plural unless the number is one."""
-    return f"{number} {noun}" + ("" if number == 1 else "s")
-
-
-def predicted_view_cost(num_points: np.ndarray, pixels: np.ndarray | None, config: ScheduleConfig) -> np.ndarray:
-    """cost_per_point * num_points + cost_per_pixel * pixels per view, [V] float64 (pixels None: no pixel term)."""
-    cost = config.cost_per_point * np.asarray(num_points, dtype=np.float64)
-    if pixels is None:
-        return cost
-    pixels = np.asarray(pixels, dtype=np.float64)
-    if pixels.shape != cost.shape:
-        raise ValueError(f"pixels must hold one count per view, shape {cost.shape}, got {pixels.shape}")
-    return cost + config.cost_per_pixel * pixels
 
 
 def _epoch_to_dict(plan: EpochPlan) -> dict:

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets, object_point_sets, street_point_sets
 from odin_nerfstudio.scheduling.ordering import assign_lpt
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
-from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, predicted_view_cost
+from odin_nerfstudio.scheduling.balance import predicted_view_cost
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.scheduling.tracks import read_colmap_tracks
 from tests.conftest import real_scene
 
@@ -224,7 +225,7 @@ def test_balance_on_street_with_pixels() -> None:
     np.testing.assert_allclose(schedule.view_cost, rlg.num_points + 1e-3 * pixels)
     assert schedule.summary()["balance"] < 1.1
     with pytest.raises(ValueError, match="one count per view"):
-        predicted_view_cost(rlg.num_points, pixels[:5], config)
+        predicted_view_cost(rlg.num_points, pixels[:5], config.cost_per_point, config.cost_per_pixel)
 
 
 def test_json_round_trip_gives_identical_steps(tmp_path: Path) -> None:
