@@ -308,17 +308,17 @@ def notes(pooled: CostModel, rows: list[tuple[Workload, int, dict[str, Simulatio
         f"scenes and W, and hid {min(hidden, default=0):.0%} to {max(hidden, default=0):.0%} of its exposed wait "
         f"(negative: it waited more). The barrier's wait here is {cause}. Every all-to-all pairs all ranks (a rank "
         "waits for a piece from every owner), so each exchange of a step is a synchronization of every rank: "
-        "quality-first overlaps only the return of step s with the tasks of step s + 1 that no owner is unsure of, "
-        "and adds two all-to-alls that every rank waits for before it renders (the clean part of step s + 1, the "
-        "unsure flags) and one after the publication (the rest); throughput-first adds two more before (the stale "
-        "rows, the admissions) and one after (the verdicts). The slowest rank's lag is exposed again at each of "
-        f"them. Replicated quality-first, whose reads wait for no other rank, kept a mean idle of "
+        "quality-first overlaps the fetch of step s + 1's clean part with step s's renders and the return of step s "
+        "with the tasks of step s + 1 that no owner is unsure of, but the return and statistics, and the fetch of "
+        "the rest where an owner held rows back, still wait for every rank, and the slowest rank's lag is exposed "
+        f"again at each. Replicated quality-first, whose reads wait for no other rank, kept a mean idle of "
         f"{idle['replicated quality']:.0%} against sharded quality-first's {idle['sharded quality']:.0%} on the same "
-        "costs. Fetching step s + 1 while step s renders and pushing the next step's rows per row published (the "
-        "issue's list of what to make fast, under way in the loop) are what would close the gap; the simulator runs "
-        "whatever the loop does, so it will predict them once the loop has them.",
-        "- The validation covers 2 ranks on loopback only: the per-collective latency and the bandwidth term of the "
-        "model are checked by no run here (no emulated link sits under the sharded exchange).",
+        "costs. The simulated workloads run the locality order with worker w on rank w: the sharded default of a "
+        "run, the regional order with workers placed on the ranks owning their rows, needs view positions the "
+        "workloads lack and is not simulated.",
+        "- The validation covers 2 ranks on loopback: the per-collective latency and the bandwidth term of the model "
+        "are checked by no run here (the runs use no emulated link; `--interconnect` now delays sharded exchanges "
+        "too, so a run behind it could).",
         "- Costs are this CPU's, fitted on 2-rank runs. The trainer's time per step (which holds an owner's culling "
         "and serving) is taken as constant in W, where an owner culls W x B tasks a step. The replicated predictions "
         "use the same costs (without the replicated runtime's own bookkeeping), so the comparison is of the protocols "

@@ -132,7 +132,8 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality (behind the emulated PCIe link)
     equal the replicated barrier of 3 virtual workers bit for bit, and quality-first's reads ran ahead of
     unpublished steps."""
-    scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
+    # 120 m: a worker's consecutive views, half its region apart (the regional order), are far enough to read ahead.
+    scene = make_scene(SynthConfig(preset="street", num_views=18, street_length=120.0, output=tmp_path / "street"))
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS]
     train(scene, tmp_path, "virtual", *street, *virtual)
