@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 from _report import BENCHMARKS, machine, publish
 from bench_exchange import object_scene, street_scene
-from bench_runtime import POINT_STRIDE
+from bench_runtime import POINT_STRIDE, perturbed_params
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.exchange_choice import ExchangeShape
@@ -64,6 +64,8 @@ from odin_nerfstudio.runtime.sharding import Owner, Reader
 from odin_nerfstudio.scheduling.regions import view_keys
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.scenes.synth import SynthConfig, intrinsics, preset_for
 from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
 from odin_nerfstudio.scenes.toy import splat
 
@@ -94,9 +96,23 @@ class Sets:
     cameras: list
 
 
+def city_scene(args: argparse.Namespace) -> tuple[dict[str, Tensor], list[Camera], object]:
+    """odin-synth's city preset (a grid of streets, each view seeing its own street): the perturbed model, its views
+    and the world."""
+    config = SynthConfig(preset="city", num_views=args.city_views, num_gaussians=args.city_gaussians)
+    preset = preset_for(config)
+    world = preset.world(config.num_gaussians, np.random.default_rng(args.seed))
+    K = torch.tensor(intrinsics(128, 96, preset.horizontal_fov_deg), dtype=torch.float32)
+    cameras = [Camera(v, K, 128, 96) for v in torch.tensor(preset.cameras(config.num_views), dtype=torch.float32)]
+    return perturbed_params(world, torch.Generator().manual_seed(args.seed + 1), torch.device("cpu")), cameras, world
+
+
+SCENES = {"street": street_scene, "city": city_scene, "object": object_scene}
+
+
 def scene_sets(name: str, args: argparse.Namespace) -> Sets:
     """The scene's model in Z-order with every view's candidate and drawn rows."""
-    params, cameras, world = (street_scene if name == "street" else object_scene)(args)
+    params, cameras, world = SCENES[name](args)
     restore_spatial_order(params, {}, None)
     config = OdinRuntimeConfig()
     index = CullingIndex(params, GsplatAdapter(), config.candidate_margin, config.near_plane)
@@ -251,6 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--street-gaussians", type=int, default=50_000)
     parser.add_argument("--street-length", type=float, default=100.0)
     parser.add_argument("--object-gaussians", type=int, default=20_000)
+    parser.add_argument("--city-views", type=int, default=160)
+    parser.add_argument("--city-gaussians", type=int, default=100_000)
     parser.add_argument("--object-views", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="small scenes, W = 2 and 4, print only")
@@ -260,6 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.workers, args.steps, args.check_steps, args.no_write = [2, 4], 4, 2, True
         args.street_gaussians, args.object_gaussians, args.street_length, args.object_views = 6000, 3000, 40.0, 16
+        args.city_views, args.city_gaussians = 24, 6000
     return args
 
 
@@ -279,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     verdicts, checks = [], []
-    for name in ("street", "object"):
+    for name in SCENES:
         sets = scene_sets(name, args)
         for workers in args.workers:
             regional = schedule_for(sets, workers, args.steps, "regions", args.seed)
@@ -320,7 +339,9 @@ def report(args, command: str, lines: list[str], verdicts: list, checks: list) -
         f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",
         f"Scenes: street ({args.street_gaussians:,} Gaussians along {args.street_length:.0f} m, side-looking rig), object "
-        f"({args.object_gaussians:,} Gaussians, {args.object_views} ring views); the first {args.steps} steps of Odin's "
+        f"({args.object_gaussians:,} Gaussians, {args.object_views} ring views), city (odin-synth's city preset: "
+        f"{args.city_views} views along a grid of streets, {args.city_gaussians:,} Gaussians); the first {args.steps} "
+        "steps of Odin's "
         "schedule (B = 1) per W. Bytes each rank sends to other ranks per step (fetch, return, statistics; the replicated "
         "column: the gradient exchange), KiB = 1024 bytes. `odin`: the regional order (`--pipeline.datamanager."
         "schedule-order regions`, each worker its own region's views), the Z-order model cut by load, each step's "
