@@ -44,7 +44,7 @@ from _report import BENCHMARKS, machine, publish
 from bench_exchange import object_scene, street_scene
 from bench_runtime import POINT_STRIDE, perturbed_params
 
-from odin_nerfstudio.adapter.gsplat import GsplatAdapter
+from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA, GsplatAdapter
 from odin_nerfstudio.comm.exchange_choice import ExchangeShape
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange
 from odin_nerfstudio.comm.row_link import sent_bytes
@@ -66,7 +66,6 @@ from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.scenes.synth import SynthConfig, intrinsics, preset_for
-from odin_nerfstudio.adapter.gsplat import STATS_SCHEMA
 from odin_nerfstudio.scenes.toy import splat
 
 NAME = "bench_shard_bytes"
@@ -161,17 +160,17 @@ def step_bytes(sets: Sets, schedule: list, owner: Tensor, placed: bool, workers:
     out = []
     for step in schedule:
         tasks = by_rank(step, placement.ranks_of(step)) if placement is not None else step
-        sent = [0] * workers
+        sent = torch.zeros(workers, dtype=torch.int64)
         for rank, rank_tasks in enumerate(tasks):
             if not rank_tasks:
                 continue
             read = torch.unique(torch.cat([sets.candidates[t.view] for t in rank_tasks]))
-            for source in owner[read][owner[read] != rank].tolist():  # fetched: the owner sends
-                sent[source] += fetch_row
+            sources = owner[read][owner[read] != rank]  # fetched from other ranks: each owner sends its rows
+            sent += fetch_row * torch.bincount(sources, minlength=workers)
             drawn = torch.unique(torch.cat([sets.active[t.view] for t in rank_tasks]))
             sent[rank] += return_row * int((owner[drawn] != rank).sum())
             sent[rank] += entry * sum(int((owner[sets.active[t.view]] != rank).sum()) for t in rank_tasks)
-        out.append(sent)
+        out.append(sent.tolist())
     return out
 
 
