@@ -72,6 +72,7 @@ VARIANTS = {
     "sharded-barrier": ("--sharded", "True", "--runtime.mode", "barrier"),
     "sharded-quality": ("--sharded", "True", "--runtime.mode", "quality"),
     "sharded-throughput": ("--sharded", "True", "--runtime.mode", "throughput"),
+    "sharded-quality-k2": ("--sharded", "True", "--runtime.mode", "quality", "--runtime.ring-slots", "2"),
 }
 """Each variant's flags: Odin's modes and the paper's controls, replicated and sharded (mixed parallel)."""
 REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-")]

@@ -11,8 +11,13 @@ handed back as is.
 :class:`RowAllToAll` runs the exchanges on a progress thread, as ``comm/distributed.py`` runs the sparse-update
 exchanges, with the same waits (asleep on a gloo future, polling on NCCL, each bounded by a timeout that names
 what it waited for) and the same rule: every rank starts the same exchanges in the same order. :func:`pack_rows`
-packs several per-row tables (parameters and their int64 versions) into one uint8 message, so they travel
+packs several per-row columns (parameters and their int64 versions) into one uint8 buffer, so they travel
 together; :func:`all_to_all_rows` is the synchronous, differentiable form.
+
+A piece may carry side tables with their own row counts: its columns named ``<table>.<column>`` (:func:`with_side`,
+:func:`side_of`), e.g. a step's gradient rows with its densification statistics. :class:`TableAllToAll` sends all
+of a piece's tables as one message (a header of row counts, then each table packed), so a step's small tables ride
+on one exchange and pay one message latency, not one each.
 """
 
 from __future__ import annotations
@@ -326,17 +331,88 @@ def all_to_all_rows(pieces: Sequence[Tensor], group: Any = None, timeout: float 
     return list(_AllToAllRows.apply(group, timeout, *pieces))
 
 
+SIDE = "."
+"""Separates a side table's name from its column's in a piece's keys (``stats.rows``); main columns have none."""
+
+
+def with_side(piece: Mapping[str, Tensor], name: str, table: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``piece`` with ``table`` (its own row count) as side table ``name``."""
+    return {**piece, **{f"{name}{SIDE}{column}": value for column, value in table.items()}}
+
+
+def side_of(piece: Mapping[str, Tensor], name: str) -> dict[str, Tensor]:
+    """Side table ``name`` of ``piece`` (empty: none)."""
+    prefix = f"{name}{SIDE}"
+    return {key[len(prefix):]: value for key, value in piece.items() if key.startswith(prefix)}
+
+
+def main_of(piece: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The main table of ``piece``: its columns that belong to no side table."""
+    return {key: value for key, value in piece.items() if SIDE not in key}
+
+
+def tables_of(piece: Mapping[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    """A piece's tables by name ("" the main one), columns in the piece's order."""
+    tables: dict[str, dict[str, Tensor]] = {}
+    for key, value in piece.items():
+        name, _, column = key.rpartition(SIDE)
+        tables.setdefault(name, {})[column] = value
+    return tables
+
+
+@dataclass(frozen=True)
+class MessageLayout:
+    """Where a packed piece's tables lie: per table name, its :class:`RowLayout`, in packing order."""
+
+    tables: tuple[tuple[str, RowLayout], ...]
+
+    @classmethod
+    def of(cls, piece: Mapping[str, Tensor]) -> MessageLayout:
+        """The layout of ``piece`` (every piece of an exchange has the same tables and columns)."""
+        return cls(tuple((name, RowLayout.of(table)) for name, table in tables_of(piece).items()))
+
+
+def pack_message(piece: Mapping[str, Tensor]) -> Tensor:
+    """A piece's tables as one uint8 [bytes] message: each table's :func:`pack_rows`, in order, after a header of
+    their int64 row counts (no header for a piece of one table: its row count is its bytes / row bytes)."""
+    tables = list(tables_of(piece).values())
+    packed = [pack_rows(table).reshape(-1) for table in tables]
+    if len(tables) == 1:
+        return packed[0]
+    counts = [next(iter(table.values())).shape[0] for table in tables]
+    header = torch.tensor(counts, dtype=torch.int64, device=packed[0].device).view(torch.uint8)
+    return torch.cat([header, *packed])
+
+
+def unpack_message(message: Tensor, layout: MessageLayout) -> dict[str, Tensor]:
+    """:func:`pack_message`'s inverse: the piece's columns, side tables' under their prefixed names."""
+    if len(layout.tables) == 1:
+        ((_, rows),) = layout.tables
+        counts, start = [message.numel() // rows.row_bytes if rows.row_bytes else 0], 0
+    else:
+        start = 8 * len(layout.tables)
+        counts = message[:start].clone().view(torch.int64).tolist()
+    piece: dict[str, Tensor] = {}
+    for (name, rows), count in zip(layout.tables, counts, strict=True):
+        width = count * rows.row_bytes
+        table = unpack_rows(message[start : start + width].reshape(count, rows.row_bytes), rows)
+        piece.update({f"{name}{SIDE}{column}" if name else column: value for column, value in table.items()})
+        start += width
+    return piece
+
+
 class TableAllToAll:
-    """Row tables (per-row tensors of one row count, any dtypes) through a :class:`RowAllToAll`: each piece packed
-    into one message (``pack_rows``), unpacked on arrival; every piece of an exchange has the same columns."""
+    """Row tables (per-row tensors of one row count, any dtypes, and side tables) through a :class:`RowAllToAll`:
+    each piece packed into one message (:func:`pack_message`), unpacked on arrival; every piece of an exchange has
+    the same tables and columns."""
 
     def __init__(self, rows: RowAllToAll) -> None:
         self.rows = rows
 
     def start(self, pieces: Sequence[Mapping[str, Tensor]], what: str) -> TableHandle:
         """Send ``pieces[r]`` to rank r, at once (see :meth:`RowAllToAll.start`)."""
-        layout = RowLayout.of(pieces[0])
-        return TableHandle(self.rows.start([pack_rows(piece) for piece in pieces], what), layout)
+        layout = MessageLayout.of(pieces[0])
+        return TableHandle(self.rows.start([pack_message(piece) for piece in pieces], what), layout)
 
     def close(self) -> None:
         """Stop the row exchange's progress thread."""
@@ -346,7 +422,7 @@ class TableAllToAll:
 class TableHandle:
     """A table exchange in flight."""
 
-    def __init__(self, handle: RowHandle, layout: RowLayout) -> None:
+    def __init__(self, handle: RowHandle, layout: MessageLayout) -> None:
         self.handle, self.layout = handle, layout
 
     @property
@@ -359,5 +435,6 @@ class TableHandle:
         return self.handle.done()
 
     def wait(self, timeout: float) -> list[dict[str, Tensor]]:
-        """Per source rank, in rank order, the table it sent this rank."""
-        return [unpack_rows(buffer, self.layout) for buffer in self.handle.wait(timeout)]
+        """Per source rank, in rank order, the piece it sent this rank (this rank's own as it was passed)."""
+        received = self.handle.wait(timeout)
+        return [unpack_message(message, self.layout) for message in received]

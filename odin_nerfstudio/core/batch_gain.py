@@ -87,6 +87,11 @@ class AdaptiveGain:
         if self.views_per_step < 2:
             raise ValueError(f"an adaptive gain needs a step of at least 2 views, got {self.views_per_step}")
 
+    @property
+    def largest(self) -> float:
+        """The largest gain :meth:`observe` sets: sqrt(S)."""
+        return math.sqrt(float(self.views_per_step))
+
     def observe(
         self, optimizers: Mapping[str, torch.optim.Optimizer], measured: Mapping[str, tuple[float, float]]
     ) -> None:

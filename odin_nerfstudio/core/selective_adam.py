@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from odin_nerfstudio.core.batch_gain import scaled_lr
+from odin_nerfstudio.core.batch_gain import GAIN_KEY, scaled_lr
 
 
 def adam_constants(group: dict, step: float) -> tuple[float, float]:
@@ -139,10 +139,13 @@ class SelectiveAdam(torch.optim.Optimizer):
         for hook in list(self._optimizer_step_post_hooks.values()):
             hook(self, (), {})
 
-    def movement_bound(self, steps_ahead: int = 0) -> float:
+    def movement_bound(self, steps_ahead: int = 0, gain: float | None = None, lr: float | None = None) -> float:
         """The most a publication at the current global step count (plus ``steps_ahead``: 1 for the next
         publication) moves any element of the parameter, for any gradients: lr x sqrt(1 - beta2^t) / (1 - beta1^t) x (1 - beta1) / sqrt(1 - beta2) / (1 - beta1 / sqrt(beta2)),
-        with 1% for rounding (inf if beta1 >= sqrt(beta2), or no step counted yet).
+        with 1% for rounding (inf if beta1 >= sqrt(beta2), or no step counted yet). ``gain``: the batch gain to
+        bound with instead of the group's (``core/batch_gain.py``; its largest value while that publication's gain
+        is not set yet); ``lr``: the learning rate that publication takes instead of the group's now (a scheduler
+        may change it before then).
 
         Why it holds: a row's v_j >= (1 - beta2) beta2^k g_{j-k}^2 for each of its past gradients, so each is at most
         sqrt(v_j / ((1 - beta2) beta2^k)), and m_j sums them with weights (1 - beta1) beta1^k: |m_j| / sqrt(v_j) is at
@@ -156,7 +159,9 @@ class SelectiveAdam(torch.optim.Optimizer):
         if ratio >= 1.0 or step < 1.0:
             return math.inf
         series = (1.0 - beta1) / math.sqrt(1.0 - beta2) / (1.0 - ratio)
-        return 1.01 * scaled_lr(group) * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) * series
+        base = group["lr"] if lr is None else lr
+        lr = base * (group.get(GAIN_KEY, 1.0) if gain is None else gain)
+        return 1.01 * lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step) * series
 
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         """Not supported: a selective optimizer must be told its rows; use :meth:`step_rows`."""

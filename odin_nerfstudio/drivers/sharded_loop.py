@@ -2,13 +2,21 @@
 rank (``runtime/sharding.py`` says what each side does).
 
 Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality, throughput), else the
-whole fetch; (2) in quality-first, the fetch of step s + 1's clean part and each of its tasks' "unsure" flag
-started, before step s is published; (3) its tasks of step s rendered while (2) travels; (4) the return of step s
-started, then (2) waited for; (5) while the return travels, the tasks of step s + 1 that no owner is unsure of
-(running ahead of the publication, exact); (6) the owners' publication of step s. Barrier fetches step s + 1 only
-after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so every rank
-knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in the same
-order on every rank, whatever each one's tasks).
+whole fetch; (2) in quality-first, the fetch of step s + 1's clean part, with each of its tasks' "unsure" flag
+riding on it, started before step s is published; (3) its tasks of step s rendered while (2) travels; (4) the
+return of step s started, then (2) waited for; (5) while the return travels, the tasks of step s + 1 that no owner
+is unsure of (running ahead of the publication, exact); (6) the owners' publication of step s. Barrier fetches step
+s + 1 only after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so
+every rank knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in
+the same order on every rank, whatever each one's tasks).
+
+A step's small tables ride on its row exchanges as side tables (``comm/all_to_all.py``), since every exchange pairs
+all ranks and pays a message latency: the densification statistics and the adaptive batch rule's per-task norms on
+the return, and the norms of the rows each owner published in step s - 1 on the return of step s, where every owner
+sets the gain of step s before publishing it. The barrier thus makes two exchanges a step. Where something after
+step s needs its synchronous state (a structural change, a checkpoint, an evaluation, the last step), the gain of
+step s is set at once, with an exchange of its own. Until the gain of step s is set, the owners bound the movement
+of its publication with the largest gain the rule may set.
 
 Throughput-first adds bounded stale reads: with step s + 1's clean part come the rows of the unsure tasks' C(t) that
 step s may write, at their values before it, and each task's count of them; a task whose share of such rows is at
@@ -28,12 +36,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
 from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
-from odin_nerfstudio.runtime.sharding import FetchedStep, Owner, Reader, RowExchange, RowHandle, Rows, ShardCounters
+from odin_nerfstudio.runtime.sharding import (
+    FetchedStep,
+    LearningRates,
+    Owner,
+    Reader,
+    RowExchange,
+    RowHandle,
+    Rows,
+    ShardCounters,
+)
 
 SHARDED_MODES = ("barrier", "quality", "throughput")
 """The modes the sharded loop runs."""
@@ -64,15 +82,15 @@ class _Ahead:
 
 @dataclass
 class _Clean:
-    """A clean part in flight (:meth:`ShardedLoop._start_clean`): what was culled and the exchanges carrying it.
+    """A clean part in flight (:meth:`ShardedLoop._start_clean`): what was culled and the exchange carrying it.
 
     Attributes:
         step: the step fetched ahead.
         served: the clean rows served (``Owner.serve`` of ``Owner.cull_clean``'s clean rows).
         unsure, stale: ``Owner.cull_clean``'s unsure flags and stale-read rows (per rank and task).
         stale_served: throughput-first: the stale-read rows served, else empty.
-        rows, doubts: the clean rows' and the unsure flags' exchanges.
-        stale_rows: throughput-first: the stale-read rows' exchange, else None.
+        handle: the exchange: the clean rows, with the unsure flags and (throughput-first) the stale-read rows as
+            side tables.
     """
 
     step: int
@@ -80,9 +98,22 @@ class _Clean:
     unsure: list[list[bool]]
     stale: list[list[Tensor]]
     stale_served: list[Rows]
-    rows: RowHandle
-    doubts: RowHandle
-    stale_rows: RowHandle | None
+    handle: RowHandle
+
+
+@dataclass
+class _Norms:
+    """A published step whose batch gain is not set yet (the adaptive rule's inputs but the other owners' rows).
+
+    Attributes:
+        step: the step.
+        rows: this owner's published rows' squared gradient norms, float64 [R, G] (local row order).
+        views: per schedule worker, in worker order, its tasks' squared norms (``norms`` [1, G]; ``any``: measured).
+    """
+
+    step: int
+    rows: Tensor
+    views: list[Rows]
 
 
 def _flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:
@@ -129,6 +160,11 @@ class ShardedLoop:
         placement: whether each step's workers run on the ranks that own most of their rows
             (``runtime/placement.py``; set by :meth:`place`), else worker w on rank w. The owners sum in worker
             order either way.
+        rates: the learning rates of the publications to come (a scheduler's), which bound how far the rows of
+            the steps fetched ahead of may move; default: the current ones.
+        settles: step -> whether something after it needs its synchronous state (a structural change, a
+            checkpoint, an evaluation: the caller's to say, the same on every rank); nothing is fetched ahead
+            across such a step, and its gain is set at once.
     """
 
     owner: Owner
@@ -144,11 +180,21 @@ class ShardedLoop:
     stale_grad_ratio: float = 0.2
     max_staleness: int = 4
     placement: Placement | None = None
+    settles: Callable[[int], bool] = lambda step: False
+    rates: LearningRates | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SHARDED_MODES:
             raise ValueError(f"the sharded mode runs {', '.join(SHARDED_MODES)}, not {self.mode!r}")
         self.counters = ShardCounters()
+        self.depth = 0 if self.mode == "barrier" else 1 if self.mode == "throughput" else self.ring_slots - 1
+        """How many steps past the one being published are fetched ahead: quality-first reads a step once the
+        step K before it is published, as the replicated mode does (K ring slots); throughput-first's stale reads
+        are judged against the step just before, so it looks one step ahead."""
+        self._norms: _Norms | None = None
+        """The published step whose gain is still to be set (its row norms ride on the next return)."""
+        self._inflight: dict[int, _Clean] = {}
+        """Per step whose clean part is on its way, the exchange carrying it."""
         self._ahead: dict[int, _Ahead] = {}
         self._ranks_of: dict[int, list[int]] = {}
         """Per step begun and not yet published, each schedule worker's rank."""
@@ -165,6 +211,11 @@ class ShardedLoop:
         counts[torch.tensor([view.view for view in views], dtype=torch.int64, device=seen.device)] = seen
         parts = self._everyone(counts, "rows seen per view", -1)
         self.placement = Placement(torch.stack(parts, dim=1))
+
+    @property
+    def ring_slots(self) -> int:
+        """K, the steps the reader may hold staged at once."""
+        return self.reader.shadow.ring_slots
 
     def _tasks(self, step: int) -> list[list[Task]]:
         """Step ``step``'s tasks per rank (each rank runs one schedule worker's, see ``placement``)."""
@@ -186,74 +237,115 @@ class ShardedLoop:
         ranks = self._ranks_of.get(step)
         return self.rank if ranks is None else ranks.index(self.rank)
 
-    def iteration(self, step: int, may_run_ahead: bool = True) -> None:
-        """Run step ``step`` on this rank (see the module); ``may_run_ahead``: nothing after it needs its
-        synchronous state (a structural change does: the caller's to say, the same on every rank)."""
+    def iteration(self, step: int) -> None:
+        """Run step ``step`` on this rank (see the module)."""
         tasks = self._tasks(step)
         fetched = self._fetch(step, tasks)
-        pending = None
-        if self.mode != "barrier" and may_run_ahead and step < self.last_step:
-            pending = self._start_clean(step + 1)  # in flight while this step's tasks render
+        started = self._start_ahead(step)  # in flight while this step's tasks render
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
         returns, stats, norms = self.reader.returns(step, self._worker(step))
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
-        handle = self.exchange.start(returns, f"return of step {step}")
-        stats_handle = self.exchange.start(stats, f"statistics of step {step}") if self.reader.keeps_stats else None
-        ahead = None if pending is None else self._finish_clean(pending)
-        held = fetched.nbytes + (0 if ahead is None else ahead.fetched.nbytes)
+        handle = self.exchange.start(self._return_pieces(returns, stats, norms), f"return of step {step}")
+        for ahead_step in sorted(self._inflight):
+            if ahead_step > step + 1 and ahead_step in started:
+                continue  # started just now: on its way while the steps before it run ahead
+            self._finish_clean(self._inflight.pop(ahead_step))
+        held = fetched.nbytes + sum(ahead.fetched.nbytes for ahead in self._ahead.values())
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
-        if ahead is not None:
-            for task in self._tasks(step + 1)[self.rank]:
-                if not ahead.fetched.unsure[task.index]:
-                    self._run(ahead.fetched, task)
-                elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
-                    self._run(ahead.stale, task)
-                    ahead.fetched.started.add(task.index)
-                    self.counters.stale_reads += int(ahead.held[task.index] > 0)
-                else:
-                    continue
-                self.counters.ran_ahead += 1
-        received_stats = () if stats_handle is None else self._wait(stats_handle, step, "return")
-        parts = self._wait(handle, step, "return")
+        for ahead_step in sorted(self._ahead):
+            self._run_ahead(ahead_step, self._ahead[ahead_step])
+        by_rank = self._wait(handle, step, "return")
         start = self.reader.meter.timeline.now()
-        parts, received_stats = self._worker_order(step, parts), self._worker_order(step, received_stats)
-        merged = self.owner.publish(step, parts, received_stats)
+        if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
+            self._observe_gain(self._norms, [side_of(part, "norms")["rows"] for part in by_rank])
+        parts = self._worker_order(step, by_rank)
+        received_stats = [side_of(part, "stats") for part in parts] if self.reader.keeps_stats else ()
+        merged = self.owner.publish(step, [main_of(part) for part in parts], received_stats)
         self.reader.meter.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
+        ahead = self._ahead.get(step + 1)
         if ahead is not None and ahead.admitted is not None:
             ahead.failed = self.owner.judge(step + 1, merged, self.stale_grad_ratio)
         self.counters.publications += 1
         if self.gain is not None:
-            self._observe_gain(step, merged, norms)
+            self._norms = _Norms(step, row_squared_norms(merged.grads), [side_of(part, "views") for part in parts])
+            if self.settles(step) or step >= self.last_step:  # what follows needs this step's gain set
+                self._flush_gain()
         self._ranks_of.pop(step, None)
 
-    def _observe_gain(self, step: int, merged: SparseUpdate, norms: Tensor | None) -> None:
-        """The adaptive batch rule after ``step``'s publication, from every owner's rows and every rank's tasks."""
-        row_norms = row_squared_norms(merged.grads)
-        device = row_norms.device
-        none = torch.zeros(1, row_norms.shape[1], dtype=torch.float64, device=device)
-        measured = none if norms is None else norms[None]
-        everyone = [{"rows": row_norms}] * self.owner.cuts.num_shards
-        parts = self._wait(self.exchange.start(everyone, f"gradient norms of step {step}"), step, "return")
-        tasks = [{"norms": measured, "any": torch.tensor([norms is not None], device=device)}] * len(everyone)
-        views = self._wait(self.exchange.start(tasks, f"task norms of step {step}"), step, "return")
-        views = self._worker_order(step, views)
-        if not any(bool(part["any"][0]) for part in views):
+    def _start_ahead(self, step: int) -> list[int]:
+        """Start fetching the clean parts of the steps after ``step`` up to ``depth`` ahead (not past the last step
+        nor across a step that settles) that are not on their way yet; the steps started."""
+        started = []
+        for ahead_step in range(step + 1, min(step + self.depth, self.last_step) + 1):
+            if self.settles(ahead_step - 1):
+                break
+            if ahead_step not in self._inflight and ahead_step not in self._ahead:
+                self._inflight[ahead_step] = self._start_clean(ahead_step)
+                started.append(ahead_step)
+        return started
+
+    def _run_ahead(self, step: int, ahead: _Ahead) -> None:
+        """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
+        published: those no owner is unsure of, and in throughput-first those admitted to read stale."""
+        for task in self._tasks(step)[self.rank]:
+            if task.index in ahead.fetched.started:
+                continue
+            if not ahead.fetched.unsure[task.index]:
+                self._run(ahead.fetched, task)
+            elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
+                self._run(ahead.stale, task)
+                ahead.fetched.started.add(task.index)
+                self.counters.stale_reads += int(ahead.held[task.index] > 0)
+            else:
+                continue
+            self.counters.ran_ahead += 1
+            self.counters.most_ahead = max(self.counters.most_ahead, step - 1 - self.owner.published_through)
+
+    def _return_pieces(self, returns: list[Rows], stats: list[Rows], norms: Tensor | None) -> list[Rows]:
+        """The return of a step to every owner: its gradient rows, and as side tables the tasks' statistics in the
+        owner's rows, and for the adaptive rule the tasks' squared norms and the norms of the rows this owner
+        published in the step before (where its gain is not set yet; none otherwise)."""
+        if self.reader.keeps_stats:
+            returns = [with_side(piece, "stats", entries) for piece, entries in zip(returns, stats, strict=True)]
+        if self.gain is None:
+            return returns
+        device = self.owner.params["means"].device
+        columns = len(self.owner.params)
+        measured = torch.zeros(1, columns, dtype=torch.float64, device=device) if norms is None else norms[None]
+        views = {"norms": measured, "any": torch.tensor([norms is not None], device=device)}
+        rows = self._norms.rows if self._norms is not None else measured.new_zeros(0, columns)
+        return [with_side(with_side(piece, "views", views), "norms", {"rows": rows}) for piece in returns]
+
+    def _flush_gain(self) -> None:
+        """Set the pending step's gain now: every owner's row norms gathered by an exchange of their own."""
+        pending = self._norms
+        everyone = [{"rows": pending.rows}] * self.owner.cuts.num_shards
+        handle = self.exchange.start(everyone, f"gradient norms of step {pending.step}")
+        parts = self._wait(handle, pending.step, "return")
+        self._observe_gain(pending, [part["rows"] for part in parts])
+
+    def _observe_gain(self, pending: _Norms, rows: Sequence[Tensor]) -> None:
+        """The adaptive batch rule for ``pending``'s step, from every owner's row norms (``rows``, in rank order:
+        global-id order) and every worker's tasks' norms; clears the pending step."""
+        self._norms = None
+        if not any(bool(view["any"][0]) for view in pending.views):
             return
-        summed = merged_squared_norms(torch.cat([part["rows"] for part in parts]))
+        summed = merged_squared_norms(torch.cat(list(rows)))
         total = torch.zeros_like(summed)
-        for part in views:
-            total.add_(part["norms"][0])
-        names = list(merged.grads)
+        for view in pending.views:
+            total.add_(view["norms"][0])
+        names = list(self.owner.params)
         self.gain.observe(self.owner.optimizers, dict(zip(names, zip(summed.tolist(), total.tolist()))))
 
     def restructure(self, strategy: Any, step: int, seed: int, views: Sequence[Task] = ()) -> None:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank
         once ``step`` is published and nothing of later steps was fetched (``runtime/resharding.py``); ``views``:
         one task per training view, whose candidate sets weigh the rows for the cut."""
-        if self._ahead:
-            raise RuntimeError(f"restructure after step {step}: steps {sorted(self._ahead)} were fetched ahead")
+        if self._ahead or self._inflight:
+            ahead = sorted({*self._ahead, *self._inflight})
+            raise RuntimeError(f"restructure after step {step}: steps {ahead} were fetched ahead")
         recut = restructure(self.owner, self.reader, self.exchange, strategy, step, seed, self.timeout_s, views)
         self.counters.recuts += int(recut)
         self.counters.restructures += 1
@@ -302,11 +394,17 @@ class ShardedLoop:
     def _start_clean(self, step: int) -> _Clean:
         """Start fetching step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure
         flags (set where any owner may still send rows of it), and in throughput-first the rows a stale read would
-        read; :meth:`_finish_clean` waits for them."""
+        read, all in one exchange; :meth:`_finish_clean` waits for it."""
         tasks = self._tasks(step)
-        clean, unsure, stale = self.owner.cull_clean(step, tasks)
+        # Per publication before ``step``, the gain to bound its movement with where it is not set yet: the first
+        # one's waits for the row norms riding on its own return, the later ones' for steps not published yet.
+        unpublished = step - 1 - self.owner.published_through
+        gains = [
+            None if self.gain is None or (k == 0 and self._norms is None) else self.gain.largest
+            for k in range(unpublished)
+        ]
+        clean, unsure, stale = self.owner.cull_clean(step, tasks, gains, self.rates)
         served = self.owner.serve(clean)
-        rows = self.exchange.start(served, f"fetch of the clean part of step {step}")
         device = self.owner.params["means"].device
         flags = {  # every rank's tasks' flags, to every rank: each learns every task's doubts
             "ids": torch.tensor([d for rank in unsure for d in rank], dtype=torch.int64, device=device).reshape(-1),
@@ -319,26 +417,28 @@ class ShardedLoop:
                 device=device,
             ).reshape(-1),
         }
-        doubts = self.exchange.start([flags] * self.owner.cuts.num_shards, f"unsure flags of step {step}")
-        stale_served, stale_rows = [], None
+        pieces = [with_side(piece, "flags", flags) for piece in served]
+        stale_served = []
         if self.mode == "throughput":
             stale_served = self.owner.serve(stale)
-            stale_rows = self.exchange.start(stale_served, f"stale rows of step {step}")
-        return _Clean(step, served, unsure, stale, stale_served, rows, doubts, stale_rows)
+            pieces = [with_side(piece, "stale", rows) for piece, rows in zip(pieces, stale_served, strict=True)]
+        handle = self.exchange.start(pieces, f"fetch of the clean part of step {step}")
+        return _Clean(step, served, unsure, stale, stale_served, handle)
 
     def _finish_clean(self, pending: _Clean) -> _Ahead:
         """Wait for a clean part :meth:`_start_clean` started (counted as a fetch of the step before); in
         throughput-first, decide which unsure tasks read stale (every rank learns which). Kept for :meth:`_fetch`."""
         step = pending.step
-        received = self._received(pending.rows, pending.served, step - 1)
-        doubts = self._wait(pending.doubts, step - 1, "fetch")
+        parts = self._wait(pending.handle, step - 1, "fetch")
+        received = self._counted(pending.served, [main_of(part) for part in parts])
+        doubts = [side_of(part, "flags") for part in parts]
         tasks = self._tasks(step)
         anyone = _unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
         fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
         ahead = _Ahead(fetched, pending.unsure, anyone)
-        if pending.stale_rows is not None:
+        if self.mode == "throughput":
             # Every rank decides every task's admission from the same sums: no exchange of the decisions.
-            rows = self._received(pending.stale_rows, pending.stale_served, step - 1)
+            rows = self._counted(pending.stale_served, [side_of(part, "stale") for part in parts])
             held = torch.stack([d["held"] for d in doubts]).sum(dim=0).double()
             total = torch.stack([d["total"] for d in doubts]).sum(dim=0).double().clamp(min=1.0)
             share = (held / total).tolist() if held.numel() else []
@@ -360,16 +460,14 @@ class ShardedLoop:
         return [part["ids"] for part in parts]
 
     def _exchange(self, pieces: Sequence[Rows], what: str, step: int) -> list[Rows]:
-        """One all-to-all of row tables during ``step``, waited for; counts the rows served and fetched."""
-        return self._received(self.exchange.start(pieces, what), pieces, step)
+        """One all-to-all of served rows during ``step``, waited for; counts the rows served and fetched."""
+        return self._counted(pieces, self._wait(self.exchange.start(pieces, what), step, "fetch"))
 
-    def _received(self, handle: RowHandle, pieces: Sequence[Rows], step: int) -> list[Rows]:
-        """A fetch of ``pieces`` during ``step`` waited for; counts the rows served and fetched."""
-        received = self._wait(handle, step, "fetch")
-        if pieces and "masks" in pieces[0]:
-            self.counters.rows_served += sum(int(piece["ids"].numel()) for piece in pieces)
-            self.counters.rows_fetched += sum(int(part["ids"].numel()) for part in received)
-            self.counters.rows_local += int(received[self.rank]["ids"].numel())
+    def _counted(self, served: Sequence[Rows], received: list[Rows]) -> list[Rows]:
+        """``received``, the rows a fetch that served ``served`` brought; counts both."""
+        self.counters.rows_served += sum(int(piece["ids"].numel()) for piece in served)
+        self.counters.rows_fetched += sum(int(part["ids"].numel()) for part in received)
+        self.counters.rows_local += int(received[self.rank]["ids"].numel())
         return received
 
     def _wait(self, handle: RowHandle, step: int, reason: str) -> list[Rows]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load, views_seeing
-from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.runtime.sharding import LearningRates, Owner, Reader
 
 SHARDS_FOLDER = "odin_shards"
 """Beside ``nerfstudio_models``: the shard files and manifests (ns-eval lists the models folder's files as steps)."""
@@ -116,7 +117,8 @@ class ShardedTraining:
         self.loop = ShardedLoop(
             self.owner, self.reader, self.exchange, self.rank, lambda s: trainer._step_tasks(s)[0], runtime.mode,
             last_step, runtime.wait_timeout_s, gain, runtime.stale_fraction, runtime.stale_grad_ratio,
-            runtime.max_staleness,
+            runtime.max_staleness, settles=lambda step: not trainer._may_run_ahead(step),
+            rates=scheduled_rates(trainer.optimizers),
         )  # fmt: skip
         self.loop.place(self.views())
         CONSOLE.log(f"Odin sharded: rank {self.rank} owns rows {cuts.range(self.rank)} of {cuts.num_rows}")
@@ -168,7 +170,7 @@ class ShardedTraining:
         changed = step > 0 and structural_change_due(strategy, step - 1)
         if changed:
             self.loop.restructure(strategy, step - 1, self.config.machine.seed, self.views())
-        self.loop.iteration(step, self.trainer._may_run_ahead(step))
+        self.loop.iteration(step)
         return changed
 
     def metrics(self) -> dict[str, float]:
@@ -269,6 +271,24 @@ class ShardedTraining:
         owner.strategy_state.update(
             {k: v.to(device) if isinstance(v, Tensor) else v for k, v in shard["strategy"].items()}
         )
+
+
+def scheduled_rates(optimizers: Any) -> LearningRates:
+    """The learning rates nerfstudio's schedulers will set (``optimizers``: its ``Optimizers``), for the bound on
+    how far the rows of steps fetched ahead may move: the k-th publication from now takes a ``LambdaLR``'s rate k
+    scheduler steps on (nerfstudio's schedulers are), the current rate without a scheduler, and an unknown one
+    (another scheduler) is unbounded, so that nothing is read ahead past the next publication."""
+
+    def rate(name: str, ahead: int) -> float:
+        current = optimizers.optimizers[name].param_groups[0]["lr"]
+        scheduler = optimizers.schedulers.get(name)
+        if scheduler is None or ahead == 0:
+            return current
+        if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](scheduler.last_epoch + ahead)
+        return math.inf
+
+    return rate
 
 
 def find_sharded_checkpoint(config: Any, rank: int, num_shards: int) -> dict[str, Any] | None:

@@ -106,6 +106,11 @@ class CullingIndex:
         # a host synchronization on CUDA, needed: validation decides on it (re-run or not) on the host
         return bool(self.bounds().meets(region, rows, grow, shift).any())
 
+    def meeting(self, task: Task, rows: Tensor, reach: Reach) -> Tensor:
+        """Those of ``rows`` (sorted int64 [R]) that may lie in the region of ``task``'s candidate set once each has
+        moved as far as ``reach`` allows (sorted)."""
+        return rows[self.bounds().meets(self.region(task), rows, reach.grow, reach.shift)]
+
     def validate_read(
         self, task: Task, candidate: Tensor, written: Sequence[tuple[int, Tensor]], admitted: dict[int, Tensor]
     ) -> tuple[bool, bool]:

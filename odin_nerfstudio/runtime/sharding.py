@@ -27,7 +27,7 @@ the one before and stays equal to the barrier bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,6 +46,9 @@ from odin_nerfstudio.runtime.ownership import ShardCuts
 from odin_nerfstudio.runtime.publication import Publisher
 from odin_nerfstudio.runtime.reads import DrawableFn, Read, ReadRecord, RenderFn
 from odin_nerfstudio.runtime.shadow import ShadowGraph
+
+LearningRates = Callable[[str, int], float]
+"""(parameter name, k) -> the learning rate of the k-th publication from now (0: the next), before any batch gain."""
 
 Rows = dict[str, Tensor]
 """Per-row tensors of one row count (``ids`` int64 [n] first), the unit a shard message carries."""
@@ -80,6 +83,7 @@ class ShardCounters:
         rows_served: rows this rank's shard sent to readers.
         rows_returned: gradient rows this rank sent to owners.
         ran_ahead: tasks rendered before the previous step was published (on clean rows, or stale ones admitted).
+        most_ahead: the most unpublished steps before a task that ran ahead (up to K - 1 in quality-first).
         placed: steps whose workers the placement ran on other ranks than their own numbers.
         rest_fetches: steps fetched ahead whose rest was fetched after the publication (the others skip that
             exchange: no owner held a row of them back).
@@ -99,6 +103,7 @@ class ShardCounters:
     rows_served: int = 0
     rows_returned: int = 0
     ran_ahead: int = 0
+    most_ahead: int = 0
     rest_fetches: int = 0
     placed: int = 0
     stale_reads: int = 0
@@ -154,6 +159,8 @@ class Owner:
         """Per unpublished step, its possible writes among this shard's rows (local, sorted): its tasks' C(t)."""
         self._held: dict[int, Tensor] = {}
         """Per step fetched ahead, the pending rows its clean part held back (local, sorted)."""
+        self._maybe: dict[int, Tensor] = {}
+        """Per step fetched ahead, the held-back rows its unsure tasks' rest may take (local, sorted)."""
         self._stale: dict[int, list[list[Tensor]]] = {}
         """Per step fetched ahead, per rank and task, the rows read stale here (throughput-first; empty: none)."""
 
@@ -194,24 +201,40 @@ class Owner:
         return culled
 
     def cull_clean(
-        self, step: int, tasks: Sequence[Sequence[Task]]
+        self,
+        step: int,
+        tasks: Sequence[Sequence[Task]],
+        gains: Sequence[float | None] = (),
+        rates: LearningRates | None = None,
     ) -> tuple[list[list[Tensor]], list[list[bool]], list[list[Tensor]]]:
-        """Before step - 1 is published: per rank and task of ``step``, the rows of its C(t) that step - 1 cannot
-        write (local, sorted), whether a row step - 1 may write may end up in its C(t) (in its frustum widened by
-        the most the publication can move a row), and the rows of its C(t) now that step - 1 may write (what a
-        stale read would read before their publication)."""
+        """Before the steps before ``step`` are published: per rank and task of ``step``, the rows of its C(t) that
+        none of them can write (local, sorted), whether a row one of them may write may end up in its C(t) (in its
+        frustum widened by the most their publications can move a row: the k-th at learning rates ``rates(name,
+        k)``, default the current ones, and at batch gain ``gains[k]`` where its own is not set yet), and the rows
+        of its C(t) now that they may write (what a stale read would read)."""
         pending = self._pending_before(step)
-        mean_step = self.optimizers["means"].movement_bound(steps_ahead=1)
-        reach = self.index.reach(mean_step, self.optimizers["scales"].movement_bound(steps_ahead=1))
+        unpublished = step - 1 - self.published_through
+        gains = [*gains, *[None] * (unpublished - len(gains))]
+        reach = self.index.reach(*(
+            sum(
+                self.optimizers[name].movement_bound(k + 1, gains[k], None if rates is None else rates(name, k))
+                for k in range(unpublished)
+            )
+            for name in ("means", "scales")
+        ))  # fmt: skip
         clean, unsure, stale = [], [], []
+        maybe = pending[:0]
         for rank_tasks in tasks:
             rows = [self.index.candidates(task) for task in rank_tasks]
             held = [isin_sorted(r, pending) if pending.numel() else torch.zeros_like(r, dtype=torch.bool) for r in rows]
             clean.append([r[~h] for r, h in zip(rows, held, strict=True)])
             stale.append([r[h] for r, h in zip(rows, held, strict=True)])
-            unsure.append([bool(pending.numel()) and self.index.any_meets(task, pending, reach) for task in rank_tasks])
+            meeting = [self.index.meeting(task, pending, reach) if pending.numel() else pending[:0] for task in rank_tasks]
+            unsure.append([bool(m.numel()) for m in meeting])
+            maybe = union_sorted([maybe, *meeting], pending.device)
         self._declare(step, clean)
         self._held[step] = pending
+        self._maybe[step] = maybe
         return clean, unsure, stale
 
     def admit_stale(self, step: int, stale: Sequence[Sequence[Tensor]], admitted: Sequence[Sequence[bool]]) -> None:
@@ -242,6 +265,7 @@ class Owner:
         """Once step - 1 is published: per rank and task of ``step`` that :meth:`cull_clean` was unsure of, the rows
         it held back that are in the task's C(t) now (the rest of its read; empty for the others)."""
         held = self._held.pop(step)
+        self._maybe.pop(step, None)
         rest = [
             [
                 held[self.index.bounds().meets(self.index.region(task), held)] if doubt else held[:0]
@@ -260,8 +284,11 @@ class Owner:
         self.pending[step] = union_sorted(sets, self.params["means"].device)
 
     def _pending_before(self, step: int) -> Tensor:
-        """The rows an unpublished step before ``step`` may write (local, sorted)."""
+        """The rows an unpublished step before ``step`` may write (local, sorted): its C(t) culled so far, and for
+        a step fetched ahead whose rest is not culled yet, the held-back rows its rest may take (those that may
+        reach an unsure task's frustum)."""
         sets = [rows for s, rows in self.pending.items() if self.published_through < s < step]
+        sets += [rows for s, rows in self._maybe.items() if self.published_through < s < step]
         return union_sorted(sets, self.params["means"].device)
 
     def serve(self, culled: Sequence[Sequence[Tensor]]) -> list[Rows]:

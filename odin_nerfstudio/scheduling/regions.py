@@ -6,8 +6,8 @@ summed, so they never conflict) and keeps consecutive steps apart. In the sharde
 traffic: every task of a step reads the same part of the scene, which one owner holds, so the other W - 1 ranks fetch
 all their rows and that owner serves the whole step. Here a step takes views from W different regions instead: far
 apart (so the views of one step rarely share rows), each near the rows one shard holds (the sharded mode places each
-worker on the rank owning most of its rows, ``runtime/placement.py``), and each region's views in a seeded strided
-order, so consecutive steps of one worker look at parts of its region about half of it apart.
+worker on the rank owning most of its rows, ``runtime/placement.py``), and each region's views in a strided order,
+so that the steps of one worker close in time look at parts of its region far apart (:func:`strided`).
 
 Regions: the views sorted by the Z-order code of the centroid of their SfM points (the Z-order the shards are cut
 in: the model starts from those points), cut into W runs of equal size (``numpy.array_split``). Only SfM data is
@@ -63,12 +63,15 @@ def regional_steps(
 
 
 def strided(region: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Every view of ``region`` (in key order) once, from a seeded start by a seeded stride coprime with its size,
-    between 0.38 and 0.62 of it: consecutive views lie about half a region apart, so a worker's consecutive steps
-    rarely share points (a plain shuffle puts neighbours back to back now and then)."""
+    """Every view of ``region`` (in key order) once, from a seeded start by a stride coprime with its size n, the
+    nearest to n / phi (phi the golden ratio; n - stride, seeded, is as good): views 1, 2 and 3 steps apart lie
+    about 0.38 n, 0.24 n and 0.15 n apart (the golden ratio's multiples spread furthest from whole numbers), so a
+    worker's steps read ahead of unpublished ones rarely share points with them. A stride near n / 2 would put the
+    views two steps apart side by side; a plain shuffle puts neighbours back to back now and then."""
     n = len(region)
     if n <= 2:
         return rng.permutation(region)
-    strides = [k for k in range(max(1, int(0.38 * n)), max(2, int(0.62 * n) + 1)) if math.gcd(k, n) == 1]
-    stride = int(rng.choice(strides)) if strides else 1
+    golden = n * (math.sqrt(5.0) - 1.0) / 2.0
+    stride = min((k for k in range(1, n) if math.gcd(k, n) == 1), key=lambda k: (abs(k - golden), k))
+    stride = int(rng.choice([stride, n - stride]))
     return region[(int(rng.integers(n)) + stride * np.arange(n)) % n]

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
+from odin_nerfstudio.comm.all_to_all import tables_of
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange, VirtualRowHandle
 from odin_nerfstudio.core.conflicts import isin_sorted
 from odin_nerfstudio.core.selective_adam import selective_adams
@@ -90,6 +91,10 @@ class ShardSetIndex:
     def any_meets(self, task: Task, rows: Tensor, reach: Reach | None = None, region: Task | None = None) -> bool:
         """Whether any of ``rows`` (local) is in the task's C(t)."""
         return bool(self.meets(task, rows).any())
+
+    def meeting(self, task: Task, rows: Tensor, reach: Reach) -> Tensor:
+        """Those of ``rows`` (local, sorted) in the task's C(t): sets do not move."""
+        return rows[self.meets(task, rows)]
 
     def bounds(self) -> ShardSetIndex:
         """The bounds whose :meth:`meets` the owner asks: the sets themselves."""
@@ -165,12 +170,16 @@ class ModeledRowExchange:
 
 
 def piece_bytes(piece: Rows) -> int:
-    """A piece's bytes on the wire: its int64 columns and the rest as they are, and :data:`VALUE_BYTES` a row for
-    the parameter (or gradient) columns, which the simulator's tables hold only a few floats of."""
-    rows = int(piece["ids"].numel())
-    values = any(name in piece for name in PARAMS)
-    other = sum(tensor_bytes(t) for name, t in piece.items() if name not in PARAMS)
-    return other + (VALUE_BYTES * rows if values else 0)
+    """A piece's bytes on the wire, over its tables (side tables included): their int64 columns and the rest as
+    they are, and :data:`VALUE_BYTES` a row for a table's parameter (or gradient) columns, which the simulator's
+    tables hold only a few floats of."""
+    total = 0
+    for table in tables_of(piece).values():
+        rows = int(next(iter(table.values())).shape[0])
+        values = any(name in table for name in PARAMS)
+        total += sum(tensor_bytes(t) for name, t in table.items() if name not in PARAMS)
+        total += VALUE_BYTES * rows if values else 0
+    return total
 
 
 class _RowEndpoint:
@@ -225,7 +234,7 @@ class ShardedSimulation(Simulation):
         def work(loop: ShardedLoop) -> None:
             for step in range(config.steps):
                 self.clock.spend(self.costs.step_overhead_s)
-                loop.iteration(step, may_run_ahead=True)
+                loop.iteration(step)
 
         self.clock.run([(f"rank {r}", lambda loop=loop: work(loop)) for r, loop in enumerate(loops)])
         ranks = tuple(

@@ -1,6 +1,7 @@
 """The variable-size all-to-all of rows: per-row tables pack into one uint8 buffer and back bit for bit; over 2 and
 3 gloo processes every rank receives exactly what each sender sent it (empty splits everywhere, uneven, one-sided,
-a rank receiving nothing, several exchanges in flight), its own piece without a copy, with its bytes counted; the
+a rank receiving nothing, several exchanges in flight, side tables of other row counts riding on a piece), its own
+piece without a copy, with its bytes counted; the
 differentiable form's backward returns the receivers' gradients to the senders; a wait on a rank that never joins
 times out naming the exchange and the collective, fails every later exchange, and closes cleanly."""
 
@@ -17,7 +18,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from odin_nerfstudio.comm.all_to_all import RowAllToAll, RowLayout, all_to_all_rows, pack_rows, unpack_rows
+from odin_nerfstudio.comm.all_to_all import (
+    MessageLayout,
+    RowAllToAll,
+    RowLayout,
+    TableAllToAll,
+    all_to_all_rows,
+    main_of,
+    pack_message,
+    pack_rows,
+    side_of,
+    unpack_message,
+    unpack_rows,
+    with_side,
+)
 
 LIMIT_S = 30.0
 """The longest a spawned test may run before its processes are killed and it fails."""
@@ -54,6 +68,32 @@ def assert_tables_equal(ours: dict[str, torch.Tensor], theirs: dict[str, torch.T
     for name, table in ours.items():
         assert table.dtype == theirs[name].dtype and table.shape == theirs[name].shape, name
         assert torch.equal(_bits(table), _bits(theirs[name])), name
+
+
+def message(rank: int, dst: int) -> dict[str, torch.Tensor]:
+    """A piece with two side tables of other row counts than its main table's (some of them empty)."""
+    piece = with_side(tables(1 + rank + 2 * dst), "stats", tables(dst + rank % 2))
+    return with_side(piece, "flags", {"ids": torch.arange(3 * rank + dst, dtype=torch.int64)})
+
+
+def message_bytes(rank: int, dst: int) -> int:
+    """Bytes of :func:`message`'s packed form: a header of 3 row counts, then its tables' rows."""
+    return 8 * 3 + RowLayout.of(tables(0)).row_bytes * (1 + rank + 2 * dst + dst + rank % 2) + 8 * (3 * rank + dst)
+
+
+@pytest.mark.parametrize(("rank", "dst"), [(0, 0), (1, 0), (2, 3)])
+def test_side_tables_of_other_row_counts_travel_in_one_message_bit_for_bit(rank: int, dst: int) -> None:
+    sent = message(rank, dst)
+    packed = pack_message(sent)
+    assert packed.dtype == torch.uint8 and packed.dim() == 1 and packed.numel() == message_bytes(rank, dst)
+    got = unpack_message(packed, MessageLayout.of(message(0, 0)))  # a receiver's layout, from its own piece
+    assert_tables_equal(got, sent)
+    assert_tables_equal(main_of(got), tables(1 + rank + 2 * dst))
+    assert_tables_equal(side_of(got, "stats"), tables(dst + rank % 2))
+    assert side_of(got, "absent") == {}
+    only = tables(2 + rank)  # one table: no header
+    assert pack_message(only).numel() == RowLayout.of(only).row_bytes * (2 + rank)
+    assert_tables_equal(unpack_message(pack_message(only), MessageLayout.of(tables(0))), only)
 
 
 @pytest.mark.parametrize("n", [0, 1, 7])
@@ -129,12 +169,15 @@ def _exchanges(rank: int, world_size: int, out: Path) -> None:
     handles = [all_to_all.start(pieces, f"case {case}") for case, pieces in enumerate(sent)]
     packed = [pack_rows(tables(1 + rank + 2 * dst)) for dst in range(world_size)]
     handles.append(all_to_all.start(packed, "tables"))
+    messages = TableAllToAll(all_to_all).start([message(rank, dst) for dst in range(world_size)], "side tables")
     received = [handle.wait(timeout=20.0) for handle in handles]
     assert all(handle.done() for handle in handles)
     own = [got[rank] is pieces[rank] for got, pieces in zip(received, [*sent, packed], strict=True)]
     unpacked = [unpack_rows(buffer, RowLayout.of(tables(0))) for buffer in received[-1]]
+    with_sides = messages.wait(timeout=20.0)
     all_to_all.close()
-    result = {"received": received[:-1], "tables": unpacked, "own": own, "bytes": [h.bytes for h in handles]}
+    result = {"received": received[:-1], "tables": unpacked, "own": own, "bytes": [h.bytes for h in handles],
+              "messages": with_sides, "message_bytes": messages.bytes}
     torch.save(result, out / f"result{rank}.pt")
 
 
@@ -160,6 +203,11 @@ def test_every_rank_receives_what_each_sender_sent_it(tmp_path: Path, world_size
         others = [r for r in range(world_size) if r != rank]
         assert result["bytes"][-1].sent == counts + row_bytes * sum(1 + rank + 2 * dst for dst in others)
         assert result["bytes"][-1].received == counts + row_bytes * sum(1 + src + 2 * rank for src in others)
+        for src, got in enumerate(result["messages"]):
+            assert_tables_equal(got, message(src, rank))
+        spent = result["message_bytes"]
+        assert spent.sent == counts + sum(message_bytes(rank, dst) for dst in others)
+        assert spent.received == counts + sum(message_bytes(src, rank) for src in others)
 
 
 def weight(src: int, dst: int) -> float:

@@ -132,15 +132,16 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality (behind the emulated PCIe link)
     equal the replicated barrier of 3 virtual workers bit for bit, and quality-first's reads ran ahead of
     unpublished steps."""
-    # The locality order: on this small street, in the regional order (the sharded default) a worker's next view
-    # overlaps what the step before writes, and no read runs ahead.
+    # The locality order, K = 2 for quality-first (one step fetched ahead): on this small street, in the regional
+    # order (the sharded default) a worker's next view overlaps what the step before writes, and at K = 4 a task
+    # must be clear of three unpublished steps' writes; in either case no read runs ahead.
     scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
     street += ["--pipeline.datamanager.schedule-order", "rlg"]
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier"]
     train(scene, tmp_path, "virtual", *street, *virtual)
     for mode, link in (("barrier", "none"), ("quality", "pcie")):
-        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
+        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link, "--runtime.ring-slots", "2"]
         train(scene, tmp_path, mode, *street, *sharded, ranks=3)
         assert_same_params(checkpoint(tmp_path, mode), checkpoint(tmp_path, "virtual"))
     folder = run_folder(tmp_path, "quality")

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.all_to_all import RowAllToAll, TableAllToAll
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange
-from odin_nerfstudio.core.batch_gain import AdaptiveGain
+from odin_nerfstudio.core.batch_gain import AVERAGES_KEY, AdaptiveGain
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
@@ -63,12 +63,15 @@ def make_loop(
     densify: bool = False,
     gain: AdaptiveGain | None = None,
     stale: tuple[float, float] = (0.2, 0.2),
+    refine_after: int | None = None,
+    ring_slots: int = 4,
 ) -> ShardedLoop:
     """Rank ``rank``'s shard of the toy model (its Z-order range) and its loop over ``exchange``; ``densify``: 60
-    Gaussians rendered by the project's rasterizer, with a strategy state (``DENSIFY``'s)."""
+    Gaussians rendered by the project's rasterizer, with a strategy state (``DENSIFY``'s); ``ring_slots``: K
+    (quality-first fetches K - 1 steps ahead)."""
     params = make_params(60 if densify else 120)
     restore_spatial_order(params, {}, None)
-    config = OdinRuntimeConfig(mode=mode)
+    config = OdinRuntimeConfig(mode=mode, ring_slots=ring_slots)
     lo, hi = cuts.range(rank)
     shard = {name: torch.nn.Parameter(p.detach()[lo:hi].clone()) for name, p in params.items()}
     optimizers = selective_adams(shard, {name: lr * lr_scale for name, lr in LRS.items()})
@@ -80,7 +83,8 @@ def make_loop(
     meter = Meter(torch.device("cpu"))
     reader = Reader(cuts, shard, render_fn, adapter, meter, 0, config.ring_slots, densify, gain is not None)
     last = len(schedule) - 1
-    return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, last, 30.0, gain, *stale)
+    return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, last, 30.0, gain, *stale,
+                       settles=lambda step: step == refine_after)
 
 
 def run_loop(loop: ShardedLoop, steps: int, refine_after: int | None = None) -> None:
@@ -88,7 +92,7 @@ def run_loop(loop: ShardedLoop, steps: int, refine_after: int | None = None) -> 
     for step in range(steps):
         if refine_after is not None and step == refine_after + 1:
             loop.restructure(DENSIFY, refine_after, seed=0)
-        loop.iteration(step, may_run_ahead=refine_after is None or step != refine_after)
+        loop.iteration(step)
 
 
 def shard_snapshot(loop: ShardedLoop) -> dict[str, torch.Tensor]:
@@ -112,6 +116,17 @@ def gathered(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: shards[0][key] if key.endswith(".step") else torch.cat([s[key] for s in shards]) for key in shards[0]}
 
 
+class Logged:
+    """A rank's end of the row exchange that logs what each exchange it starts is for."""
+
+    def __init__(self, inner, log: list[str]) -> None:
+        self.inner, self.log = inner, log
+
+    def start(self, pieces, what: str):
+        self.log.append(what)
+        return self.inner.start(pieces, what)
+
+
 def sharded(
     schedule: list,
     cuts: ShardCuts,
@@ -121,13 +136,18 @@ def sharded(
     gain: AdaptiveGain | None = None,
     stale: tuple[float, float] = (0.2, 0.2),
     place: bool = False,
+    logs: list[list[str]] | None = None,
+    ring_slots: int = 4,
 ) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
     """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order;
-    ``place``: workers placed on the ranks owning most of their rows (one task per view of the schedule)."""
+    ``place``: workers placed on the ranks owning most of their rows (one task per view of the schedule); ``logs``:
+    per rank, a list its exchanges are logged in."""
     exchange = VirtualRowExchange(cuts.num_shards)
     densify = refine_after is not None
+    ends = [exchange.endpoint(rank) if logs is None else Logged(exchange.endpoint(rank), logs[rank])
+            for rank in range(cuts.num_shards)]
     loops = [
-        make_loop(rank, schedule, cuts, mode, lr_scale, exchange.endpoint(rank), densify, gain, stale)
+        make_loop(rank, schedule, cuts, mode, lr_scale, ends[rank], densify, gain, stale, refine_after, ring_slots)
         for rank in range(cuts.num_shards)
     ]
     errors = []
@@ -152,12 +172,13 @@ def sharded(
     return gathered([shard_snapshot(loop) for loop in loops]), loops
 
 
-def replicated_densified(schedule: list, workers: int) -> dict[str, torch.Tensor]:
-    """The replicated barrier with ``DENSIFY``'s refinement after ``REFINE_AFTER`` (the rows put back in Z-order)."""
+def replicated_densified(schedule: list, workers: int, gain: AdaptiveGain | None = None) -> dict[str, torch.Tensor]:
+    """The replicated barrier with ``DENSIFY``'s refinement after ``REFINE_AFTER`` (the rows put back in Z-order),
+    and the adaptive batch rule ``gain`` if given."""
     params = make_params(60)
     state = DENSIFY.initialize_state(scene_scale=10.0)
     runtime = make_runtime(OdinRuntimeConfig(mode="barrier"), params, render_gsplat, strategy_state=state,
-                           lr_scale=LR_SCALE, topology=Topology(workers, 2))
+                           lr_scale=LR_SCALE, topology=Topology(workers, 2), batch_gain=gain)
 
     def refine(rt) -> torch.Tensor:
         return apply_structural_change(DENSIFY, rt.params, rt.optimizers, rt.strategy_state, REFINE_AFTER, seed=0)
@@ -183,6 +204,31 @@ def test_the_adaptive_batch_rule_sets_the_same_gains_on_every_owner_as_on_the_re
     assert len(gains) == 1 and gains != {1.0}
 
 
+def test_a_barrier_step_makes_two_exchanges_with_the_statistics_and_the_adaptive_rule_riding_on_them() -> None:
+    """Densification statistics, per-task norms and the row norms of the step before travel as side tables of the
+    return: a step is one fetch and one return on every rank, and a step's gain is set by an exchange of its own
+    only where something needs it at once (the refinement after ``REFINE_AFTER``, the last step). The model, the
+    statistics and the gains equal the replicated barrier's with the same rule."""
+    workers = 3
+    schedule = make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0)
+    gain = AdaptiveGain(workers * 2)
+    reference = replicated_densified(schedule, workers, gain)
+    logs: list[list[str]] = [[] for _ in range(workers)]
+    model, loops = sharded(schedule, ShardCuts(torch.tensor([0, 20, 41, 60])), "barrier", refine_after=REFINE_AFTER,
+                           gain=gain, logs=logs)
+    assert_identical(model, reference)
+    assert len({loop.owner.optimizers["means"].param_groups[0]["lr_gain"] for loop in loops}) == 1
+    expected = []
+    for step in range(STEPS):
+        expected += [f"fetch of step {step}", f"return of step {step}"]
+        if step in (REFINE_AFTER, STEPS - 1):
+            expected.append(f"gradient norms of step {step}")
+    for log in logs:
+        steps = [what for what in log if not what.endswith(f"after step {REFINE_AFTER}")]  # the refinement's own
+        assert steps == expected
+        assert len(steps) < len(log), "the refinement ran"
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_sharded_densification_equals_the_replicated_barrier(workers: int) -> None:
     """Owners densify and prune their own rows; the rows are re-ordered as the replicated model's, moved between
@@ -203,7 +249,8 @@ def _gloo_rank_main(rank: int, workers: int, init_file: str, out_dir: str, densi
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=workers)
         schedule, cuts = gloo_run(workers, densify)
         exchange = TableAllToAll(RowAllToAll(timeout=60.0))
-        loop = make_loop(rank, schedule, cuts, "barrier", LR_SCALE, exchange, densify)
+        loop = make_loop(rank, schedule, cuts, "barrier", LR_SCALE, exchange, densify,
+                         refine_after=REFINE_AFTER if densify else None)
         run_loop(loop, len(schedule), REFINE_AFTER if densify else None)
         exchange.close()
         torch.save({"model": shard_snapshot(loop), "counters": vars(loop.counters)}, Path(out_dir) / f"rank{rank}.pt")
@@ -274,15 +321,42 @@ def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barri
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers: int) -> None:
-    """Learning rates of a real run's size (the toy's x 0.02), so that one publication moves a row a little: tasks
-    far from the previous step's rows are sure of their C(t) before it is published (a narrow field of view: on
-    8 px images the drawable region's pixel pad is half the image)."""
+    """K = 2 (one step fetched ahead). Learning rates of a real run's size (the toy's x 0.02), so that one
+    publication moves a row a little: tasks far from the previous step's rows are sure of their C(t) before it is
+    published (a narrow field of view: on 8 px images the drawable region's pixel pad is half the image)."""
     schedule = make_schedule(STEPS, workers, 2, 8 * workers, focal_scale=2.5)
     cuts = ShardCuts.even(120, workers)
     barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
-    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02)
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, ring_slots=2)
     assert_identical(quality, barrier)
     assert sum(loop.counters.ran_ahead for loop in loops) > 0
+    # With the adaptive rule, a step's gain is set only once the next return is in: the clean parts culled before
+    # then bound the publication's movement with the largest gain, and the reads still run ahead exactly.
+    gain = AdaptiveGain(workers * 2)
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02, gain=gain)
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, gain=gain, ring_slots=2)
+    assert_identical(quality, barrier)
+    assert sum(loop.counters.ran_ahead for loop in loops) > 0
+    averages = {loop.owner.optimizers["means"].param_groups[0][AVERAGES_KEY] for loop in loops}
+    assert len(averages) == 1 and averages != {(0.0, 0.0)}, "every owner observed the same gradients"
+
+
+@pytest.mark.parametrize("gain", [False, True])
+def test_sharded_quality_fetches_k_minus_1_steps_ahead_and_still_equals_the_barrier(gain: bool) -> None:
+    """K = 4: the clean parts of three steps are in flight at once, culled against every unpublished step's writes
+    (and the rows a step fetched ahead may still take in its rest) with the movement of every publication before
+    them; tasks sure of their C(t) three steps ahead run before the two steps before them are published."""
+    schedule = make_schedule(10, 2, 1, 32, focal_scale=4.0)
+    cuts = ShardCuts.even(120, 2)
+    rule = AdaptiveGain(2) if gain else None
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02, gain=rule)
+    logs: list[list[str]] = [[], []]
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, gain=rule, logs=logs)
+    assert_identical(quality, barrier)
+    assert all(loop.depth == 3 for loop in loops)
+    assert max(loop.counters.most_ahead for loop in loops) >= 2, "a task ran with two steps before it unpublished"
+    assert logs[0][:3] == ["fetch of step 0", "fetch of the clean part of step 1", "fetch of the clean part of step 2"]
+    assert logs[0][3:5] == ["fetch of the clean part of step 3", "return of step 0"], "three steps in flight"
 
 
 def test_sharded_quality_skips_the_rest_fetch_where_no_owner_held_a_row_back() -> None:

@@ -37,8 +37,10 @@ MODES = ("barrier", "quality", "throughput")
 
 
 def config(mode: str, **changes: float) -> OdinRuntimeConfig:
-    """The mode; throughput-first's gradient rule (real gradients only) always passing."""
-    return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, stale_fraction=changes.get("stale_fraction", 0.2))
+    """The mode; throughput-first's gradient rule (real gradients only) always passing; K = 2 unless
+    ``ring_slots`` says (quality-first fetches K - 1 steps ahead)."""
+    return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, stale_fraction=changes.get("stale_fraction", 0.2),
+                             ring_slots=int(changes.get("ring_slots", 2)))
 
 
 def simulated(mode: str, workload, **changes: float) -> ShardedSimulation:
@@ -57,7 +59,9 @@ class _Recording:
         return self.inner.start(pieces, what)
 
 
-def real_traces(mode: str, cameras: dict, simulation: ShardedSimulation) -> tuple[list[list[Decision]], list]:
+def real_traces(
+    mode: str, cameras: dict, simulation: ShardedSimulation, **changes: float
+) -> tuple[list[list[Decision]], list]:
     """Each real rank's trace (toy shards culled by their own index; rates tiny, so C(t) stays the initial one), on
     the simulation's schedule and cuts; and the ranks' counters."""
     cuts = simulation.cuts()
@@ -75,7 +79,7 @@ def real_traces(mode: str, cameras: dict, simulation: ShardedSimulation) -> tupl
         lo, hi = cuts.range(rank)
         shard = {name: torch.nn.Parameter(p.detach()[lo:hi].clone()) for name, p in params.items()}
         optimizers = selective_adams(shard, {name: lr * 1e-7 for name, lr in toy.LRS.items()})
-        runtime = config(mode)
+        runtime = config(mode, **changes)
         owner = Owner(shard, optimizers, cuts, rank, GsplatAdapter(), runtime.candidate_margin, runtime.near_plane)
 
         def render(task, leaves, generator, trace=traces[rank]):
@@ -120,6 +124,17 @@ def test_real_sharded_ranks_and_the_simulator_take_the_same_decisions(mode: str)
         assert any(c.ran_ahead < STEPS * PER_WORKER - PER_WORKER for c in counters)
     if mode == "throughput":
         assert sum(c.stale_reads for c in counters) > 0
+    assert predicted == actual
+
+
+def test_three_steps_fetched_ahead_take_the_same_decisions_in_the_simulator() -> None:
+    """Quality-first at K = 4: three clean parts in flight, each culled against every unpublished step."""
+    workload, cameras = scene_workload()
+    simulation = simulated("quality", workload, ring_slots=4)
+    predicted = [list(trace) for trace in simulation.run().decisions]
+    actual, _ = real_traces("quality", cameras, simulation, ring_slots=4)
+    clean = [d.detail[0] for d in actual[0] if d.kind == "exchange"][1:4]
+    assert clean == [f"fetch of the clean part of step {step}" for step in (1, 2, 3)]
     assert predicted == actual
 
 
