@@ -15,6 +15,7 @@ import torch
 
 from odin_nerfstudio.ns import command_line
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.ns.sharded_training import scheduled_rates
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns.test_training import real_scene, run_cli
 
@@ -189,3 +190,32 @@ def test_kermit_on_three_ranks_and_the_street_on_two_equal_the_replicated_barrie
     print("re-cuts per scene", recuts)
     assert all(len(counts) == 1 for counts in recuts.values()), "every rank re-cuts alike"
     assert sum(counts.pop() for counts in recuts.values()) > 0, "the shards were re-cut by load"
+
+
+def test_the_rates_ahead_are_the_schedulers_own() -> None:
+    """The learning rates that bound the steps fetched ahead: nerfstudio's exponential decay (a ``LambdaLR``) k
+    scheduler steps on, the current rate without a scheduler, unbounded under a scheduler it cannot read ahead."""
+    from types import SimpleNamespace
+
+    from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+
+    def optimizer(lr: float) -> torch.optim.Optimizer:
+        return torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+    means, scales, quats = optimizer(1.6e-4), optimizer(5e-3), optimizer(1e-3)
+    decay = ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=100).setup().get_scheduler(means, 1.6e-4)
+    for _ in range(3):
+        means.step()
+        decay.step()
+    step = torch.optim.lr_scheduler.StepLR(quats, step_size=1)
+    rates = scheduled_rates(SimpleNamespace(optimizers={"means": means, "scales": scales, "quats": quats},
+                                            schedulers={"means": decay, "quats": step}))
+    ahead = [rates("means", k) for k in range(4)]
+    seen = [means.param_groups[0]["lr"]]
+    for _ in range(3):
+        means.step()
+        decay.step()
+        seen.append(means.param_groups[0]["lr"])
+    assert ahead == pytest.approx(seen, rel=1e-12) and ahead[3] < ahead[0]
+    assert rates("scales", 2) == 5e-3
+    assert rates("quats", 1) == float("inf") and rates("quats", 0) == 1e-3
