@@ -2,13 +2,15 @@
 rank (``runtime/sharding.py`` says what each side does).
 
 Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality, throughput), else the
-whole fetch; (2) in quality-first, the fetch of step s + 1's clean part, with each of its tasks' "unsure" flag
-riding on it, started before step s is published; (3) its tasks of step s rendered while (2) travels; (4) the
-return of step s started, then (2) waited for; (5) while the return travels, the tasks of step s + 1 that no owner
-is unsure of (running ahead of the publication, exact); (6) the owners' publication of step s. Barrier fetches step
-s + 1 only after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so
-every rank knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in
-the same order on every rank, whatever each one's tasks).
+whole fetch; (2) in quality-first, the clean part of step s + K - 1 culled (K ring slots: a step is read once the
+step K before it is published), each of its tasks with an "unsure" flag, before step s is published (and, at the
+start or after a step that settles, step s + 1's started on an exchange of its own); (3) its tasks of step s
+rendered; (4) the return of step s started, carrying the clean parts culled in (2), then the clean parts that came
+earlier taken; (5) while the return travels, the tasks of the steps fetched ahead that no owner is unsure of
+(running ahead of the publications, exact); (6) the owners' publication of step s. Barrier fetches step s + 1 only
+after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so every rank
+knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in the same
+order on every rank, whatever each one's tasks). Throughput-first looks one step ahead (K = 2's order).
 
 A step's small tables ride on its row exchanges as side tables (``comm/all_to_all.py``), since every exchange pairs
 all ranks and pays a message latency: the densification statistics and the adaptive batch rule's per-task norms on
@@ -81,16 +83,25 @@ class _Ahead:
 
 
 @dataclass
+class _Carrier:
+    """An exchange in flight that carries clean parts (its own, or a return's), waited for once."""
+
+    handle: RowHandle
+    parts: list[Rows] | None = None
+
+
+@dataclass
 class _Clean:
-    """A clean part in flight (:meth:`ShardedLoop._start_clean`): what was culled and the exchange carrying it.
+    """A clean part culled ahead (:meth:`ShardedLoop._cull_ahead`) and the exchange carrying it.
 
     Attributes:
         step: the step fetched ahead.
         served: the clean rows served (``Owner.serve`` of ``Owner.cull_clean``'s clean rows).
         unsure, stale: ``Owner.cull_clean``'s unsure flags and stale-read rows (per rank and task).
         stale_served: throughput-first: the stale-read rows served, else empty.
-        handle: the exchange: the clean rows, with the unsure flags and (throughput-first) the stale-read rows as
-            side tables.
+        flags: every rank's tasks' unsure flags, held-back and total row counts (the same table to every rank).
+        tag: "" where the clean part is its exchange's main table, else the prefix of its side tables on a return.
+        carrier: the exchange carrying it, once started.
     """
 
     step: int
@@ -98,7 +109,29 @@ class _Clean:
     unsure: list[list[bool]]
     stale: list[list[Tensor]]
     stale_served: list[Rows]
-    handle: RowHandle
+    flags: Rows
+    tag: str = ""
+    carrier: _Carrier | None = None
+
+    def pieces(self, pieces: Sequence[Rows] | None = None) -> list[Rows]:
+        """Per destination, its clean rows with the flags and stale rows as side tables; on ``pieces`` (a return's)
+        as side tables under :attr:`tag`, else as a message of their own."""
+        out = []
+        for rank, rows in enumerate(self.served):
+            tables = {self.tag: rows, f"{self.tag}flags": self.flags}
+            if self.stale_served:
+                tables[f"{self.tag}stale"] = self.stale_served[rank]
+            piece = dict(rows) if pieces is None else dict(pieces[rank])
+            for name, table in tables.items():
+                if name:
+                    piece = with_side(piece, name, table)
+            out.append(piece)
+        return out
+
+    def tables(self, part: Rows) -> tuple[Rows, Rows, Rows]:
+        """A received piece's clean rows, flags and stale rows (empty: none)."""
+        rows = main_of(part) if not self.tag else side_of(part, self.tag)
+        return rows, side_of(part, f"{self.tag}flags"), side_of(part, f"{self.tag}stale")
 
 
 @dataclass
@@ -241,22 +274,26 @@ class ShardedLoop:
         """Run step ``step`` on this rank (see the module)."""
         tasks = self._tasks(step)
         fetched = self._fetch(step, tasks)
-        started = self._start_ahead(step)  # in flight while this step's tasks render
+        riding = self._start_ahead(step)  # step + 1's in flight while this step's tasks render; later ones culled
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
         returns, stats, norms = self.reader.returns(step, self._worker(step))
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
-        handle = self.exchange.start(self._return_pieces(returns, stats, norms), f"return of step {step}")
+        pieces = self._return_pieces(returns, stats, norms)
+        for clean in riding:  # the clean parts of the steps after step + 1 ride on the return
+            pieces = clean.pieces(pieces)
+        carrier = _Carrier(self.exchange.start(pieces, f"return of step {step}"))
+        for clean in riding:
+            clean.carrier = carrier
         for ahead_step in sorted(self._inflight):
-            if ahead_step > step + 1 and ahead_step in started:
-                continue  # started just now: on its way while the steps before it run ahead
-            self._finish_clean(self._inflight.pop(ahead_step))
+            if self._inflight[ahead_step].carrier is not carrier:  # those on this return come with it
+                self._finish_clean(self._inflight.pop(ahead_step))
         held = fetched.nbytes + sum(ahead.fetched.nbytes for ahead in self._ahead.values())
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         for ahead_step in sorted(self._ahead):
             self._run_ahead(ahead_step, self._ahead[ahead_step])
-        by_rank = self._wait(handle, step, "return")
+        by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
         if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
             self._observe_gain(self._norms, [side_of(part, "norms")["rows"] for part in by_rank])
@@ -274,17 +311,32 @@ class ShardedLoop:
                 self._flush_gain()
         self._ranks_of.pop(step, None)
 
-    def _start_ahead(self, step: int) -> list[int]:
-        """Start fetching the clean parts of the steps after ``step`` up to ``depth`` ahead (not past the last step
-        nor across a step that settles) that are not on their way yet; the steps started."""
-        started = []
+    def _start_ahead(self, step: int) -> list[_Clean]:
+        """Cull the clean parts of the steps after ``step`` up to ``depth`` ahead (not past the last step nor across
+        a step that settles) that are not on their way yet: step + 1's starts now on an exchange of its own (it
+        runs ahead in this iteration); the later ones are returned, to ride on this step's return (they run ahead
+        in a later iteration, and a return is on its way anyway)."""
+        riding = []
         for ahead_step in range(step + 1, min(step + self.depth, self.last_step) + 1):
             if self.settles(ahead_step - 1):
                 break
-            if ahead_step not in self._inflight and ahead_step not in self._ahead:
-                self._inflight[ahead_step] = self._start_clean(ahead_step)
-                started.append(ahead_step)
-        return started
+            if ahead_step in self._inflight or ahead_step in self._ahead:
+                continue
+            if ahead_step == step + 1:
+                clean = self._cull_ahead(ahead_step, "")
+                what = f"fetch of the clean part of step {ahead_step}"
+                clean.carrier = _Carrier(self.exchange.start(clean.pieces(), what))
+            else:
+                clean = self._cull_ahead(ahead_step, f"ahead{ahead_step}")
+                riding.append(clean)
+            self._inflight[ahead_step] = clean
+        return riding
+
+    def _carried(self, carrier: _Carrier, step: int, reason: str) -> list[Rows]:
+        """What ``carrier`` brought, waited for once (during ``step``, for ``reason``)."""
+        if carrier.parts is None:
+            carrier.parts = self._wait(carrier.handle, step, reason)
+        return carrier.parts
 
     def _run_ahead(self, step: int, ahead: _Ahead) -> None:
         """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
@@ -391,10 +443,10 @@ class ShardedLoop:
             self.counters.rest_fetches += 1
         return ahead.fetched
 
-    def _start_clean(self, step: int) -> _Clean:
-        """Start fetching step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure
-        flags (set where any owner may still send rows of it), and in throughput-first the rows a stale read would
-        read, all in one exchange; :meth:`_finish_clean` waits for it."""
+    def _cull_ahead(self, step: int, tag: str) -> _Clean:
+        """Cull step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure flags (set
+        where any owner may still send rows of it), and in throughput-first the rows a stale read would read;
+        ``tag``: how it travels (:class:`_Clean`). :meth:`_finish_clean` takes it once it is here."""
         tasks = self._tasks(step)
         # Per publication before ``step``, the gain to bound its movement with where it is not set yet: the first
         # one's waits for the row norms riding on its own return, the later ones' for steps not published yet.
@@ -417,28 +469,23 @@ class ShardedLoop:
                 device=device,
             ).reshape(-1),
         }
-        pieces = [with_side(piece, "flags", flags) for piece in served]
-        stale_served = []
-        if self.mode == "throughput":
-            stale_served = self.owner.serve(stale)
-            pieces = [with_side(piece, "stale", rows) for piece, rows in zip(pieces, stale_served, strict=True)]
-        handle = self.exchange.start(pieces, f"fetch of the clean part of step {step}")
-        return _Clean(step, served, unsure, stale, stale_served, handle)
+        stale_served = self.owner.serve(stale) if self.mode == "throughput" else []
+        return _Clean(step, served, unsure, stale, stale_served, flags, tag)
 
     def _finish_clean(self, pending: _Clean) -> _Ahead:
-        """Wait for a clean part :meth:`_start_clean` started (counted as a fetch of the step before); in
-        throughput-first, decide which unsure tasks read stale (every rank learns which). Kept for :meth:`_fetch`."""
+        """Take a clean part once it is here (counted as a fetch of the step before); in throughput-first, decide
+        which unsure tasks read stale (every rank learns which). Kept for :meth:`_fetch`."""
         step = pending.step
-        parts = self._wait(pending.handle, step - 1, "fetch")
-        received = self._counted(pending.served, [main_of(part) for part in parts])
-        doubts = [side_of(part, "flags") for part in parts]
+        tables = [pending.tables(part) for part in self._carried(pending.carrier, step - 1, "fetch")]
+        received = self._counted(pending.served, [rows for rows, _, _ in tables])
+        doubts = [flags for _, flags, _ in tables]
         tasks = self._tasks(step)
         anyone = _unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
         fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
         ahead = _Ahead(fetched, pending.unsure, anyone)
         if self.mode == "throughput":
             # Every rank decides every task's admission from the same sums: no exchange of the decisions.
-            rows = self._counted(pending.stale_served, [side_of(part, "stale") for part in parts])
+            rows = self._counted(pending.stale_served, [stale for _, _, stale in tables])
             held = torch.stack([d["held"] for d in doubts]).sum(dim=0).double()
             total = torch.stack([d["total"] for d in doubts]).sum(dim=0).double().clamp(min=1.0)
             share = (held / total).tolist() if held.numel() else []
