@@ -168,7 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.views, args.gaussians, args.points, args.iterations, args.no_write = 16, 6000, 2000, 6, True
         args.repeats = 1
         args.street_length, args.dense = 80.0, False
-        args.modes = [mode for mode in args.modes if mode != "quality-no-priority"]  # quality's code, one flag off
+        # Less the variants that are quality-first's code with one flag changed (priority publication, the order)
+        args.modes = [mode for mode in args.modes if mode not in ("quality-no-priority", "quality-random")]
     return args
 
 
