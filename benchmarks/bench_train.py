@@ -296,6 +296,14 @@ def behind(run: ModeRun) -> str:
     return f"{sum(c['read_behind'] for c in run.counters)}; {sum(c['behind_conflicts'] for c in run.counters)}"
 
 
+def bookkeeping_cpu(run: ModeRun, renders: int) -> str:
+    """The hooks' CPU time per task over the ranks (``bookkeeping_cpu_ns``; "-" where the counters hold none): with
+    the wall time beside it, it tells the hooks' own work from time their thread spent off a shared CPU."""
+    if not all("bookkeeping_cpu_ns" in c for c in run.counters):
+        return "-"
+    return f"{sum(c['bookkeeping_cpu_ns'] for c in run.counters) / 1e6 / max(renders, 1):.1f} ms"
+
+
 def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]]:
     """The table's rows for one variant (``barrier``: the barrier's runs on the same interconnect, round by round,
     for the ratios and the hidden wait)."""
@@ -342,6 +350,7 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
             early(run),
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
+        ("bookkeeping per task, CPU time on the hooks' thread (the rest: off the CPU)", bookkeeping_cpu(run, renders)),
         ("sharded: bytes sent per rank per step (to the collectives); rows served, fetched per step", shard_bytes(run)),
         ("sharded: rows served per rank, max / mean; render + backward per rank", owner_balance(run)),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),

@@ -9,7 +9,8 @@ bit-identical either way (tests/kernels). Force the reference with :func:`use_re
 The four kernels (five ops), with the runtime steps they stand for:
 
 - :func:`cull_conflicts`: C(t) by the block index fused with the RAW check against unpublished write sets
-  (``BoundingSpheres.rows_in`` + ``conflicts.raw``).
+  (``BoundingSpheres.rows_in`` + ``conflicts.raw``); :func:`cull_rows` is the same op without write sets (the
+  escape check's and the predicted writes' drawable rows).
 - :func:`gather_rows`: C(t)'s rows copied into task leaves under per-row seqlocks, with each row's version
   (``ShadowGraph.gather``); a row a publication holds is reported, never read torn.
 - the staging scatter, two ops: :func:`stage_rows`, a task's active rows A(t) and their gradient rows taken out of
@@ -113,6 +114,12 @@ def cull_conflicts(
         blocks.magnitude,
     )
     return candidate, Conflicts(rows, last, first)
+
+
+def cull_rows(bounds: BoundingSpheres, region: CullRegion) -> Tensor:
+    """The sorted rows whose sphere meets ``region``, int64 [M]: ``bounds.rows_in(region)``, through
+    :func:`cull_conflicts` without write sets (one compiled op instead of about ten torch calls)."""
+    return cull_conflicts(bounds, region, 0, ())[0]
 
 
 def gather_rows(

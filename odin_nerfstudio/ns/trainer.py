@@ -379,6 +379,7 @@ class OdinTrainer(Trainer):
             "odin/read_behind": float(counters.read_behind),
             "odin/stale_reads": float(len(counters.stale_reads)),
             "odin/bookkeeping_ms_per_task": counters.bookkeeping_ns / 1e6 / max(counters.tasks, 1),
+            "odin/bookkeeping_cpu_ms_per_task": counters.bookkeeping_cpu_ns / 1e6 / max(counters.tasks, 1),
             "odin/comm_ms_per_task": counters.comm_ns / 1e6 / max(counters.tasks, 1),
             **figures,
         }

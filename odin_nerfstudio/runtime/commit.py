@@ -246,4 +246,5 @@ class Commits:
         if not tasks:
             return None
         device = self.params["means"].device
-        return union_sorted([self.index.candidates(task) for task in tasks], device)
+        # C(t) as the task's read will cull it, in the fused op (no write sets: nothing to check here)
+        return union_sorted([self.index.candidates_and_conflicts(task, ())[0] for task in tasks], device)

@@ -2,13 +2,15 @@
 
 :class:`Meter` owns the counters, the timeline, the open waits per worker and the bookkeeping clock; the other
 parts report to it. Odin's own cost (``bookkeeping_ns``) is kept apart from the renderer's work and from
-communication, so the benchmarks can show it stays small. See ``docs/architecture.md``.
+communication, so the benchmarks can show it stays small; ``bookkeeping_cpu_ns`` is the same spans' CPU time on their
+thread, which tells the hooks' own work from the time a shared CPU takes them off it. See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -98,6 +100,9 @@ class RuntimeCounters:
         bookkeeping_ns: wall time spent in the hooks (before_read, read_next, after_backward, progress,
             publish), the outermost call only, less the render and backward of the re-runs they execute and
             less their time in the transport (``comm_ns``).
+        bookkeeping_cpu_ns: the CPU time of the same spans on their thread (``time.thread_time_ns``), less that of
+            the same re-runs and transport calls: the hooks' own work. Wall time above it is time the thread was
+            off the CPU (other processes, the exchange's progress thread) or, on CUDA, waited for the device.
         render_ns: wall time in ``render_fn``, re-runs included.
         backward_ns: wall time in ``loss.backward()``, re-runs included.
         comm_ns: wall time inside the transport's calls (``start_exchange``, a handle's ``done`` and ``wait``),
@@ -124,6 +129,7 @@ class RuntimeCounters:
     gathers_beside_publication: int = 0
     locked_rereads: int = 0
     bookkeeping_ns: int = 0
+    bookkeeping_cpu_ns: int = 0
     render_ns: int = 0
     backward_ns: int = 0
     comm_ns: int = 0
@@ -180,6 +186,15 @@ class Meter:
         """This thread's time in renders, backwards and transport calls so far (what a hook leaves out)."""
         return getattr(self._thread, "elsewhere", 0)
 
+    def _elsewhere_cpu(self) -> int:
+        """This thread's CPU time in renders, backwards and transport calls so far (what a hook leaves out)."""
+        return getattr(self._thread, "elsewhere_cpu", 0)
+
+    def _off_hook_cpu(self, since_ns: int) -> None:
+        """Put this thread's CPU time since ``since_ns`` (``time.thread_time_ns``) on its clock of CPU time that is
+        not bookkeeping (a render, a backward, a transport call)."""
+        self._thread.elsewhere_cpu = self._elsewhere_cpu() + time.thread_time_ns() - since_ns
+
     def count_wait(self, wait: Wait) -> Wait:
         """Count a Wait answer by its reason."""
         self.counters.waits[wait.reason] = self.counters.waits.get(wait.reason, 0) + 1
@@ -232,16 +247,18 @@ class Meter:
         ``backward_ns``. Returns the render's info."""
         task = read.task
         size = {"candidates": read.candidate.numel(), "pixels": task.camera.width * task.camera.height}
-        start = self.timeline.now()
+        start, cpu = self.timeline.now(), time.thread_time_ns()
         loss, info = render_fn(task, read.leaves, read.generator)
         if before_backward is not None:
             before_backward(info)
         self.add(render_ns=self._span("render", task, start, size))
+        self._off_hook_cpu(cpu)
         if between is not None:
             between()
-        start = self.timeline.now()
+        start, cpu = self.timeline.now(), time.thread_time_ns()
         loss.backward()
         self.add(backward_ns=self._span("backward", task, start, size), tasks=1)
+        self._off_hook_cpu(cpu)
         return info
 
     def _span(self, name: str, task: Task, start_ns: int, size: dict[str, int]) -> int:
@@ -253,11 +270,12 @@ class Meter:
     def in_transport(self, call: Callable[..., _Result], *args: Any) -> _Result:
         """``call(*args)``, a transport call, its wall time counted in ``counters.comm_ns``: sending and waiting
         for the other workers is communication, which the hooks' bookkeeping time leaves out."""
-        start = self.timeline.now()
+        start, cpu = self.timeline.now(), time.thread_time_ns()
         try:
             return call(*args)
         finally:
             self.add(comm_ns=self.timeline.now() - start)
+            self._off_hook_cpu(cpu)
 
 
 def bookkeeping(hook: _Hook) -> _Hook:
@@ -265,10 +283,12 @@ def bookkeeping(hook: _Hook) -> _Hook:
 
     Only the outermost hook call of a thread is timed (after_backward -> progress -> publish and read_next ->
     before_read count once; a lane's gather on its own thread counts apart), and the render and backward time of
-    re-runs executed inside it is subtracted, as is its time in the transport (``comm_ns``: sending, and waiting for the other workers), so the counter holds the runtime's
-    culling, conflict checks, gathers, staging, validation and publications, never the renderer's work nor
-    communication. On CUDA the hook's kernels queued on the current stream are waited for before the clock stops
-    (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to the next render.
+    re-runs executed inside it is subtracted, as is its time in the transport (``comm_ns``: sending, and waiting for
+    the other workers), so the counter holds the runtime's culling, conflict checks, gathers, staging, validation
+    and publications, never the renderer's work nor communication. ``bookkeeping_cpu_ns`` gets the same span's CPU
+    time on this thread, less the same parts'. On CUDA the hook's kernels queued on the current stream are waited
+    for before the clock stops (the hooks synchronize anyway: ``nonzero``, ``unique``), so they are not billed to
+    the next render.
     """
 
     @functools.wraps(hook)
@@ -278,14 +298,17 @@ def bookkeeping(hook: _Hook) -> _Hook:
         if getattr(local, "in_hook", False):
             return hook(runtime, *args, **kwargs)
         local.in_hook = True
-        others = meter._elsewhere()
-        start = meter.timeline.now()
+        others, others_cpu = meter._elsewhere(), meter._elsewhere_cpu()
+        start, cpu = meter.timeline.now(), time.thread_time_ns()
         try:
             return hook(runtime, *args, **kwargs)
         finally:
             synchronize(meter.device)
-            elapsed = meter.timeline.now() - start
-            meter.add(bookkeeping_ns=elapsed - (meter._elsewhere() - others))
+            elapsed, elapsed_cpu = meter.timeline.now() - start, time.thread_time_ns() - cpu
+            meter.add(
+                bookkeeping_ns=elapsed - (meter._elsewhere() - others),
+                bookkeeping_cpu_ns=elapsed_cpu - (meter._elsewhere_cpu() - others_cpu),
+            )
             local.in_hook = False
 
     return timed  # type: ignore[return-value]

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.tasks import Task, TaskKey
+from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.culling_index import CullingIndex, Reach
 from odin_nerfstudio.runtime.publication import EarlyRows
 from odin_nerfstudio.runtime.reads import DrawableFn, EscapeCheck, ReadRecord, VisibilityFn
@@ -41,7 +42,7 @@ def escape_finder(
 
     def escaped(task: Task, candidate: Tensor) -> Tensor:
         if isinstance(visibility_fn, EscapeCheck):
-            rows = index.bounds().rows_in(visibility_fn.drawable(task))
+            rows = ops.cull_rows(index.bounds(), visibility_fn.drawable(task))
             return visible_rows(visibility_fn, task, rows[~isin_sorted(rows, candidate)], params)
         every_row = {name: p.detach() for name, p in params.items()}
         visible = torch.nonzero(visibility_fn(task, every_row)).flatten()
@@ -61,7 +62,7 @@ def visible_rows(check: EscapeCheck, task: Task, rows: Tensor, params: dict[str,
 def drawn_finder(check: EscapeCheck, index: CullingIndex, params: dict[str, Tensor]) -> Callable[[Task], Tensor]:
     """The rows the rasterizer would draw for a task on the current state (a superset of its active set A(t) if
     it rendered now), found in O(|C(t)|) through the drawable region: the tightest prediction of a task's writes."""
-    return lambda task: visible_rows(check, task, index.bounds().rows_in(check.drawable(task)), params)
+    return lambda task: visible_rows(check, task, ops.cull_rows(index.bounds(), check.drawable(task)), params)
 
 
 class ReadLog:

@@ -81,6 +81,18 @@ def test_cull_conflicts_equals_reference(device: str, num_rows: int, seed: int, 
 
 @pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
+@given(num_rows=st.integers(0, 700), seed=st.integers(0, 2**31 - 1))
+def test_cull_rows_equals_rows_in(device: str, num_rows: int, seed: int) -> None:
+    """The escape check's and the predictions' cull (a drawable region, no write sets) is ``rows_in`` exactly."""
+    require_compiled(device)
+    generator = torch.Generator().manual_seed(seed)
+    bounds = _scene(generator, num_rows, device)
+    region = CullRegion.drawable(random_camera(generator))
+    assert torch.equal(ops.cull_rows(bounds, region), bounds.rows_in(region))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@SETTINGS
 @given(
     num_rows=st.integers(1, 500), reads=st.integers(0, 800), locked=st.integers(0, 20), seed=st.integers(0, 2**31 - 1)
 )

@@ -504,6 +504,43 @@ def test_bookkeeping_counts_nested_hooks_once(monkeypatch: pytest.MonkeyPatch) -
     assert sum(slept) <= runtime.counters.bookkeeping_ns < 1.5 * sum(slept)
 
 
+def _spin(cpu_ns: int) -> None:
+    """Busy this thread for ``cpu_ns`` of its own CPU time."""
+    end = time.thread_time_ns() + cpu_ns
+    while time.thread_time_ns() < end:
+        pass
+
+
+def test_bookkeeping_cpu_time_is_the_hooks_own_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bookkeeping_cpu_ns``: a publication that spins adds its spin, one that sleeps adds its sleep to the wall
+    time only, and the spinning renders of the re-runs run inside progress() add to neither."""
+    spin_ns, nap_ns, render_ns = 5_000_000, 20_000_000, 50_000_000
+    spun, slept = [], []
+    apply = Publisher.apply
+
+    def slow_apply(self, step, merged, seq):
+        _spin(spin_ns)
+        spun.append(spin_ns)
+        time.sleep(nap_ns / 1e9)
+        slept.append(nap_ns)
+        return apply(self, step, merged, seq)
+
+    def spinning_render(task, leaves, generator):
+        _spin(render_ns)
+        return render(task, leaves, generator)
+
+    monkeypatch.setattr(Publisher, "apply", slow_apply)
+    config = OdinRuntimeConfig(mode="quality")
+    runtime = make_runtime(
+        config, make_params(), render_fn=spinning_render, lr_scale=SPARSE["lr_scale"], topology=Topology(2, 2)
+    )
+    run_virtual(runtime, schedule_of(SPARSE, 2, 2, steps=4), [1] * 40)
+    counters = runtime.counters
+    assert counters.reruns > 0 and counters.publications == 4
+    assert sum(spun) <= counters.bookkeeping_cpu_ns < sum(spun) + counters.reruns * render_ns
+    assert counters.bookkeeping_cpu_ns + 0.9 * sum(slept) <= counters.bookkeeping_ns
+
+
 def test_shadow_graph_memory_stays_below_a_model_copy() -> None:
     """Sparse views (24 narrow views): the peak of gathered, staged and declared bytes stays below one copy of the
     model (about half of this toy: 56-byte rows, a tenth of them per view, one worker 4 steps ahead), its make-up
