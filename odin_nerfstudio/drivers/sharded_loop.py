@@ -57,6 +57,10 @@ from odin_nerfstudio.runtime.sharding import (
 
 SHARDED_MODES = ("barrier", "quality", "throughput")
 """The modes the sharded loop runs."""
+SURE_SHARE = 0.5
+"""Quality-first fetches one step less far ahead when fewer of a step's tasks than this share were sure of their
+C(t) (a task must be clear of more unpublished steps' writes the further ahead it is culled, and a step whose tasks
+mostly wait costs its clean part's exchange for little), and one step further, up to K - 1, when more were."""
 
 
 @dataclass
@@ -220,10 +224,13 @@ class ShardedLoop:
         if self.mode not in SHARDED_MODES:
             raise ValueError(f"the sharded mode runs {', '.join(SHARDED_MODES)}, not {self.mode!r}")
         self.counters = ShardCounters()
-        self.depth = 0 if self.mode == "barrier" else 1 if self.mode == "throughput" else self.ring_slots - 1
-        """How many steps past the one being published are fetched ahead: quality-first reads a step once the
+        self.deepest = 0 if self.mode == "barrier" else 1 if self.mode == "throughput" else self.ring_slots - 1
+        """The most steps past the one being published that are fetched ahead: quality-first reads a step once the
         step K before it is published, as the replicated mode does (K ring slots); throughput-first's stale reads
         are judged against the step just before, so it looks one step ahead."""
+        self.depth = self.deepest
+        """How far ahead it fetches now, between 1 and :attr:`deepest`, set by how many tasks were sure
+        (:data:`SURE_SHARE`): from every task's flags, which every rank has, so every rank sets it alike."""
         self._norms: _Norms | None = None
         """The published step whose gain is still to be set (its row norms ride on the next return)."""
         self._inflight: dict[int, _Clean] = {}
@@ -483,6 +490,9 @@ class ShardedLoop:
         anyone = _unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
         fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
         ahead = _Ahead(fetched, pending.unsure, anyone)
+        flags = [flag for rank in anyone for flag in rank]
+        sure = 1.0 - sum(flags) / max(len(flags), 1)
+        self.depth = max(1, self.depth - 1) if sure < SURE_SHARE else min(self.deepest, self.depth + 1)
         if self.mode == "throughput":
             # Every rank decides every task's admission from the same sums: no exchange of the decisions.
             rows = self._counted(pending.stale_served, [stale for _, _, stale in tables])

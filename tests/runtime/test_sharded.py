@@ -341,20 +341,35 @@ def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers:
     assert len(averages) == 1 and averages != {(0.0, 0.0)}, "every owner observed the same gradients"
 
 
+def test_sharded_quality_fetches_less_far_ahead_where_few_tasks_are_sure() -> None:
+    """On a dense ring most tasks of a step culled three steps ahead are unsure: the loop fetches one step ahead
+    then, alike on every rank, and still equals the barrier."""
+    schedule = make_schedule(10, 2, 1, 32, focal_scale=4.0)
+    cuts = ShardCuts.even(120, 2)
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
+    logs: list[list[str]] = [[], []]
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, logs=logs)
+    assert_identical(quality, barrier)
+    assert logs[0] == logs[1], "every rank set the same depth: the same exchanges"
+    own = [what for what in logs[0] if what.startswith("fetch of the clean part")]
+    assert len(own) > 1, "at depth 1 the next step's clean part takes an exchange of its own each step"
+    assert sum(loop.counters.ran_ahead for loop in loops) > 0
+
+
 @pytest.mark.parametrize("gain", [False, True])
 def test_sharded_quality_fetches_k_minus_1_steps_ahead_and_still_equals_the_barrier(gain: bool) -> None:
     """K = 4: the clean parts of three steps are in flight at once, culled against every unpublished step's writes
     (and the rows a step fetched ahead may still take in its rest) with the movement of every publication before
     them, and riding on the returns; tasks sure of their C(t) three steps ahead run before the two steps before
     them are published."""
-    schedule = make_schedule(10, 2, 1, 32, focal_scale=4.0)
+    schedule = make_schedule(10, 2, 1, 64, focal_scale=10.0)  # narrow views of a ring: few share rows
     cuts = ShardCuts.even(120, 2)
     rule = AdaptiveGain(2) if gain else None
-    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02, gain=rule)
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.002, gain=rule)
     logs: list[list[str]] = [[], []]
-    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, gain=rule, logs=logs)
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.002, gain=rule, logs=logs)
     assert_identical(quality, barrier)
-    assert all(loop.depth == 3 for loop in loops)
+    assert all(loop.deepest == 3 for loop in loops)
     assert max(loop.counters.most_ahead for loop in loops) >= 2, "a task ran with two steps before it unpublished"
     # Step 1's clean part on its own exchange, those of steps 2 and 3 on the return of step 0, and from then on
     # each step's return carries the clean part K - 1 steps ahead: no exchange of its own.
