@@ -308,10 +308,12 @@ def notes(pooled: CostModel, rows: list[tuple[Workload, int, dict[str, Simulatio
         f"scenes and W, and hid {min(hidden, default=0):.0%} to {max(hidden, default=0):.0%} of its exposed wait "
         f"(negative: it waited more). The barrier's wait here is {cause}. Every all-to-all pairs all ranks (a rank "
         "waits for a piece from every owner), so each exchange of a step is a synchronization of every rank: "
-        "quality-first overlaps the fetch of step s + 1's clean part with step s's renders and the return of step s "
-        "with the tasks of step s + 1 that no owner is unsure of, but the return and statistics, and the fetch of "
-        "the rest where an owner held rows back, still wait for every rank, and the slowest rank's lag is exposed "
-        f"again at each. Replicated quality-first, whose reads wait for no other rank, kept a mean idle of "
+        "quality-first renders the tasks of the steps up to K - 1 ahead that no owner is unsure of while step s's "
+        "return travels, but the return, and the fetch of the rest where an owner held rows back, still wait for "
+        "every rank, and the slowest rank's lag is exposed again at each. With many workers a step has many tasks, "
+        "so a task culled ahead must be clear of the writes of many more (W per unpublished step): fewer are sure, "
+        "nearly every step fetches its rest after the publication, and the clean parts read ahead cost bytes on "
+        "the returns for little. Replicated quality-first, whose reads wait for no other rank, kept a mean idle of "
         f"{idle['replicated quality']:.0%} against sharded quality-first's {idle['sharded quality']:.0%} on the same "
         "costs. The simulated workloads run the locality order with worker w on rank w: the sharded default of a "
         "run, the regional order with workers placed on the ranks owning their rows, needs view positions the "
@@ -323,7 +325,7 @@ def notes(pooled: CostModel, rows: list[tuple[Workload, int, dict[str, Simulatio
         "and serving) is taken as constant in W, where an owner culls W x B tasks a step. The replicated predictions "
         "use the same costs (without the replicated runtime's own bookkeeping), so the comparison is of the protocols "
         "and exchanges, not of each mode's overheads.",
-        "- Left out: structural changes (densification, re-cuts and row moves), the adaptive batch rule's gathers, "
+        "- Left out: structural changes (densification, re-cuts and row moves), the adaptive batch rule's tables, "
         "contention between ranks, a GPU's overlap of compute and communication.",
     ]
 
