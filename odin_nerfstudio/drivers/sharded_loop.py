@@ -42,6 +42,7 @@ from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
 from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.drivers.fetched_ahead import Ahead, Carrier, CleanPart, PendingGain, flat, none_of, per_rank, unflat
 from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import (
@@ -61,120 +62,6 @@ SURE_SHARE = 0.5
 """Quality-first fetches one step less far ahead when fewer of a step's tasks than this share were sure of their
 C(t) (a task must be clear of more unpublished steps' writes the further ahead it is culled, and a step whose tasks
 mostly wait costs its clean part's exchange for little), and one step further, up to K - 1, when more were."""
-
-
-@dataclass
-class _Ahead:
-    """A step fetched ahead, before the step before it is published.
-
-    Attributes:
-        fetched: its clean part (the rest follows once the step before is published).
-        unsure: per rank and task, whether this owner held back rows of it (it serves their rest).
-        anyone: per rank and task, whether any owner did (every rank knows: the flags go to every rank).
-        stale: throughput-first: the clean part with the rows a stale read reads, else None.
-        admitted: throughput-first: per rank and task, whether it read stale (every rank's decision), else None.
-        failed: throughput-first: per rank and task, whether the gradient rule failed on this owner's rows.
-        held: throughput-first: per task of this rank, how many rows of its C(t) the step before may write.
-    """
-
-    fetched: FetchedStep
-    unsure: list[list[bool]]
-    anyone: list[list[bool]]
-    stale: FetchedStep | None = None
-    admitted: list[list[bool]] | None = None
-    failed: list[list[bool]] | None = None
-    held: list[int] | None = None
-
-
-@dataclass
-class _Carrier:
-    """An exchange in flight that carries clean parts (its own, or a return's), waited for once."""
-
-    handle: RowHandle
-    parts: list[Rows] | None = None
-
-
-@dataclass
-class _Clean:
-    """A clean part culled ahead (:meth:`ShardedLoop._cull_ahead`) and the exchange carrying it.
-
-    Attributes:
-        step: the step fetched ahead.
-        served: the clean rows served (``Owner.serve`` of ``Owner.cull_clean``'s clean rows).
-        unsure, stale: ``Owner.cull_clean``'s unsure flags and stale-read rows (per rank and task).
-        stale_served: throughput-first: the stale-read rows served, else empty.
-        flags: every rank's tasks' unsure flags, held-back and total row counts (the same table to every rank).
-        tag: "" where the clean part is its exchange's main table, else the prefix of its side tables on a return.
-        carrier: the exchange carrying it, once started.
-    """
-
-    step: int
-    served: list[Rows]
-    unsure: list[list[bool]]
-    stale: list[list[Tensor]]
-    stale_served: list[Rows]
-    flags: Rows
-    tag: str = ""
-    carrier: _Carrier | None = None
-
-    def pieces(self, pieces: Sequence[Rows] | None = None) -> list[Rows]:
-        """Per destination, its clean rows with the flags and stale rows as side tables; on ``pieces`` (a return's)
-        as side tables under :attr:`tag`, else as a message of their own."""
-        out = []
-        for rank, rows in enumerate(self.served):
-            tables = {self.tag: rows, f"{self.tag}flags": self.flags}
-            if self.stale_served:
-                tables[f"{self.tag}stale"] = self.stale_served[rank]
-            piece = dict(rows) if pieces is None else dict(pieces[rank])
-            for name, table in tables.items():
-                if name:
-                    piece = with_side(piece, name, table)
-            out.append(piece)
-        return out
-
-    def tables(self, part: Rows) -> tuple[Rows, Rows, Rows]:
-        """A received piece's clean rows, flags and stale rows (empty: none)."""
-        rows = main_of(part) if not self.tag else side_of(part, self.tag)
-        return rows, side_of(part, f"{self.tag}flags"), side_of(part, f"{self.tag}stale")
-
-
-@dataclass
-class _Norms:
-    """A published step whose batch gain is not set yet (the adaptive rule's inputs but the other owners' rows).
-
-    Attributes:
-        step: the step.
-        rows: this owner's published rows' squared gradient norms, float64 [R, G] (local row order).
-        views: per schedule worker, in worker order, its tasks' squared norms (``norms`` [1, G]; ``any``: measured).
-    """
-
-    step: int
-    rows: Tensor
-    views: list[Rows]
-
-
-def _flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:
-    """Per rank and task flags as one bool tensor on ``device``, ranks in order."""
-    return torch.tensor([bool(f) for rank in flags for f in rank], dtype=torch.bool, device=device)
-
-
-def _unflat(flags: Tensor, tasks: Sequence[Sequence[Task]]) -> list[list[bool]]:
-    """:func:`_flat`'s inverse, given every rank's tasks."""
-    return [[bool(v) for v in rank] for rank in _per_rank(flags.tolist(), tasks)]
-
-
-def _per_rank(values: list, tasks: Sequence[Sequence[Task]]) -> list[list]:
-    """Per-task values of every rank, in rank order, split by rank."""
-    out, start = [], 0
-    for rank_tasks in tasks:
-        out.append(values[start : start + len(rank_tasks)])
-        start += len(rank_tasks)
-    return out
-
-
-def _none_of(flags: Sequence[Sequence[bool]]) -> bool:
-    """Whether no flag of any rank is set."""
-    return not any(any(rank) for rank in flags)
 
 
 @dataclass
@@ -231,11 +118,11 @@ class ShardedLoop:
         self.depth = self.deepest
         """How far ahead it fetches now, between 1 and :attr:`deepest`, set by how many tasks were sure
         (:data:`SURE_SHARE`): from every task's flags, which every rank has, so every rank sets it alike."""
-        self._norms: _Norms | None = None
+        self._norms: PendingGain | None = None
         """The published step whose gain is still to be set (its row norms ride on the next return)."""
-        self._inflight: dict[int, _Clean] = {}
+        self._inflight: dict[int, CleanPart] = {}
         """Per step whose clean part is on its way, the exchange carrying it."""
-        self._ahead: dict[int, _Ahead] = {}
+        self._ahead: dict[int, Ahead] = {}
         self._ranks_of: dict[int, list[int]] = {}
         """Per step begun and not yet published, each schedule worker's rank."""
 
@@ -290,7 +177,7 @@ class ShardedLoop:
         pieces = self._return_pieces(returns, stats, norms)
         for clean in riding:  # the clean parts of the steps after step + 1 ride on the return
             pieces = clean.pieces(pieces)
-        carrier = _Carrier(self.exchange.start(pieces, f"return of step {step}"))
+        carrier = Carrier(self.exchange.start(pieces, f"return of step {step}"))
         for clean in riding:
             clean.carrier = carrier
         for ahead_step in sorted(self._inflight):
@@ -313,12 +200,12 @@ class ShardedLoop:
             ahead.failed = self.owner.judge(step + 1, merged, self.stale_grad_ratio)
         self.counters.publications += 1
         if self.gain is not None:
-            self._norms = _Norms(step, row_squared_norms(merged.grads), [side_of(part, "views") for part in parts])
+            self._norms = PendingGain(step, row_squared_norms(merged.grads), [side_of(part, "views") for part in parts])
             if self.settles(step) or step >= self.last_step:  # what follows needs this step's gain set
                 self._flush_gain()
         self._ranks_of.pop(step, None)
 
-    def _start_ahead(self, step: int) -> list[_Clean]:
+    def _start_ahead(self, step: int) -> list[CleanPart]:
         """Cull the clean parts of the steps after ``step`` up to ``depth`` ahead (not past the last step nor across
         a step that settles) that are not on their way yet: step + 1's starts now on an exchange of its own (it
         runs ahead in this iteration); the later ones are returned, to ride on this step's return (they run ahead
@@ -332,20 +219,20 @@ class ShardedLoop:
             if ahead_step == step + 1:
                 clean = self._cull_ahead(ahead_step, "")
                 what = f"fetch of the clean part of step {ahead_step}"
-                clean.carrier = _Carrier(self.exchange.start(clean.pieces(), what))
+                clean.carrier = Carrier(self.exchange.start(clean.pieces(), what))
             else:
                 clean = self._cull_ahead(ahead_step, f"ahead{ahead_step}")
                 riding.append(clean)
             self._inflight[ahead_step] = clean
         return riding
 
-    def _carried(self, carrier: _Carrier, step: int, reason: str) -> list[Rows]:
+    def _carried(self, carrier: Carrier, step: int, reason: str) -> list[Rows]:
         """What ``carrier`` brought, waited for once (during ``step``, for ``reason``)."""
         if carrier.parts is None:
             carrier.parts = self._wait(carrier.handle, step, reason)
         return carrier.parts
 
-    def _run_ahead(self, step: int, ahead: _Ahead) -> None:
+    def _run_ahead(self, step: int, ahead: Ahead) -> None:
         """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
         published: those no owner is unsure of, and in throughput-first those admitted to read stale."""
         for task in self._tasks(step)[self.rank]:
@@ -385,7 +272,7 @@ class ShardedLoop:
         parts = self._wait(handle, pending.step, "return")
         self._observe_gain(pending, [part["rows"] for part in parts])
 
-    def _observe_gain(self, pending: _Norms, rows: Sequence[Tensor]) -> None:
+    def _observe_gain(self, pending: PendingGain, rows: Sequence[Tensor]) -> None:
         """The adaptive batch rule for ``pending``'s step, from every owner's row norms (``rows``, in rank order:
         global-id order) and every worker's tasks' norms; clears the pending step."""
         self._norms = None
@@ -427,11 +314,11 @@ class ShardedLoop:
         need, anyone = ahead.unsure, ahead.anyone
         if ahead.admitted is not None:
             failed = [[False] * len(t) for t in tasks]
-            if not _none_of(ahead.admitted):  # no verdicts to gather where no task read stale
+            if not none_of(ahead.admitted):  # no verdicts to gather where no task read stale
                 local = ahead.failed if ahead.failed is not None else failed
                 device = self.owner.params["means"].device
-                verdicts = self._everyone(_flat(local, device), f"stale-read verdicts of step {step}", step)
-                failed = _unflat(torch.stack(verdicts).any(dim=0), tasks)
+                verdicts = self._everyone(flat(local, device), f"stale-read verdicts of step {step}", step)
+                failed = unflat(torch.stack(verdicts).any(dim=0), tasks)
             need, anyone = (
                 [
                     [doubt and (not admitted or rerun) for doubt, admitted, rerun in zip(d, a, f, strict=True)]
@@ -444,16 +331,16 @@ class ShardedLoop:
                     ahead.fetched.started.discard(index)
                     self.counters.reruns += 1
         rest = self.owner.cull_rest(step, tasks, need)
-        if not _none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
+        if not none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
             received = self._exchange(self.owner.serve(rest), f"fetch of the rest of step {step}", step)
             ahead.fetched.add(received, self.owner.params)
             self.counters.rest_fetches += 1
         return ahead.fetched
 
-    def _cull_ahead(self, step: int, tag: str) -> _Clean:
+    def _cull_ahead(self, step: int, tag: str) -> CleanPart:
         """Cull step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure flags (set
         where any owner may still send rows of it), and in throughput-first the rows a stale read would read;
-        ``tag``: how it travels (:class:`_Clean`). :meth:`_finish_clean` takes it once it is here."""
+        ``tag``: how it travels (:class:`CleanPart`). :meth:`_finish_clean` takes it once it is here."""
         tasks = self._tasks(step)
         # Per publication before ``step``, the gain to bound its movement with where it is not set yet: the first
         # one's waits for the row norms riding on its own return, the later ones' for steps not published yet.
@@ -477,9 +364,9 @@ class ShardedLoop:
             ).reshape(-1),
         }
         stale_served = self.owner.serve(stale) if self.mode == "throughput" else []
-        return _Clean(step, served, unsure, stale, stale_served, flags, tag)
+        return CleanPart(step, served, unsure, stale, stale_served, flags, tag)
 
-    def _finish_clean(self, pending: _Clean) -> _Ahead:
+    def _finish_clean(self, pending: CleanPart) -> Ahead:
         """Take a clean part once it is here (counted as a fetch of the step before); in throughput-first, decide
         which unsure tasks read stale (every rank learns which). Kept for :meth:`_fetch`."""
         step = pending.step
@@ -487,9 +374,9 @@ class ShardedLoop:
         received = self._counted(pending.served, [rows for rows, _, _ in tables])
         doubts = [flags for _, flags, _ in tables]
         tasks = self._tasks(step)
-        anyone = _unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
+        anyone = unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
         fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
-        ahead = _Ahead(fetched, pending.unsure, anyone)
+        ahead = Ahead(fetched, pending.unsure, anyone)
         flags = [flag for rank in anyone for flag in rank]
         sure = 1.0 - sum(flags) / max(len(flags), 1)
         self.depth = max(1, self.depth - 1) if sure < SURE_SHARE else min(self.deepest, self.depth + 1)
@@ -504,8 +391,8 @@ class ShardedLoop:
                 flag and self.max_staleness >= 1 and fraction <= self.stale_fraction
                 for flag, fraction in zip(doubt, share, strict=True)
             ]
-            ahead.admitted = _per_rank(admitted, tasks)
-            ahead.held = [int(count) for count in _per_rank(held.tolist(), tasks)[self.rank]]
+            ahead.admitted = per_rank(admitted, tasks)
+            ahead.held = [int(count) for count in per_rank(held.tolist(), tasks)[self.rank]]
             self.owner.admit_stale(step, pending.stale, ahead.admitted)
             ahead.stale = fetched.joined(rows, self.owner.params)
         self._ahead[step] = ahead

@@ -1,0 +1,129 @@
+"""The sharded loop's steps read ahead (``drivers/sharded_loop.py``): a clean part culled ahead and the exchange
+carrying it, a step fetched ahead and what its tasks may read, a published step whose batch gain is still to be
+set, and the per-rank, per-task flags every rank exchanges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
+from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.runtime.sharding import FetchedStep, RowHandle, Rows
+
+
+@dataclass
+class Ahead:
+    """A step fetched ahead, before the step before it is published.
+
+    Attributes:
+        fetched: its clean part (the rest follows once the step before is published).
+        unsure: per rank and task, whether this owner held back rows of it (it serves their rest).
+        anyone: per rank and task, whether any owner did (every rank knows: the flags go to every rank).
+        stale: throughput-first: the clean part with the rows a stale read reads, else None.
+        admitted: throughput-first: per rank and task, whether it read stale (every rank's decision), else None.
+        failed: throughput-first: per rank and task, whether the gradient rule failed on this owner's rows.
+        held: throughput-first: per task of this rank, how many rows of its C(t) the step before may write.
+    """
+
+    fetched: FetchedStep
+    unsure: list[list[bool]]
+    anyone: list[list[bool]]
+    stale: FetchedStep | None = None
+    admitted: list[list[bool]] | None = None
+    failed: list[list[bool]] | None = None
+    held: list[int] | None = None
+
+
+@dataclass
+class Carrier:
+    """An exchange in flight that carries clean parts (its own, or a return's), waited for once."""
+
+    handle: RowHandle
+    parts: list[Rows] | None = None
+
+
+@dataclass
+class CleanPart:
+    """A clean part culled ahead (``ShardedLoop._cull_ahead``) and the exchange carrying it.
+
+    Attributes:
+        step: the step fetched ahead.
+        served: the clean rows served (``Owner.serve`` of ``Owner.cull_clean``'s clean rows).
+        unsure, stale: ``Owner.cull_clean``'s unsure flags and stale-read rows (per rank and task).
+        stale_served: throughput-first: the stale-read rows served, else empty.
+        flags: every rank's tasks' unsure flags, held-back and total row counts (the same table to every rank).
+        tag: "" where the clean part is its exchange's main table, else the prefix of its side tables on a return.
+        carrier: the exchange carrying it, once started.
+    """
+
+    step: int
+    served: list[Rows]
+    unsure: list[list[bool]]
+    stale: list[list[Tensor]]
+    stale_served: list[Rows]
+    flags: Rows
+    tag: str = ""
+    carrier: Carrier | None = None
+
+    def pieces(self, pieces: Sequence[Rows] | None = None) -> list[Rows]:
+        """Per destination, its clean rows with the flags and stale rows as side tables; on ``pieces`` (a return's)
+        as side tables under :attr:`tag`, else as a message of their own."""
+        out = []
+        for rank, rows in enumerate(self.served):
+            tables = {self.tag: rows, f"{self.tag}flags": self.flags}
+            if self.stale_served:
+                tables[f"{self.tag}stale"] = self.stale_served[rank]
+            piece = dict(rows) if pieces is None else dict(pieces[rank])
+            for name, table in tables.items():
+                if name:
+                    piece = with_side(piece, name, table)
+            out.append(piece)
+        return out
+
+    def tables(self, part: Rows) -> tuple[Rows, Rows, Rows]:
+        """A received piece's clean rows, flags and stale rows (empty: none)."""
+        rows = main_of(part) if not self.tag else side_of(part, self.tag)
+        return rows, side_of(part, f"{self.tag}flags"), side_of(part, f"{self.tag}stale")
+
+
+@dataclass
+class PendingGain:
+    """A published step whose batch gain is not set yet (the adaptive rule's inputs but the other owners' rows).
+
+    Attributes:
+        step: the step.
+        rows: this owner's published rows' squared gradient norms, float64 [R, G] (local row order).
+        views: per schedule worker, in worker order, its tasks' squared norms (``norms`` [1, G]; ``any``: measured).
+    """
+
+    step: int
+    rows: Tensor
+    views: list[Rows]
+
+
+def flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:
+    """Per rank and task flags as one bool tensor on ``device``, ranks in order."""
+    return torch.tensor([bool(f) for rank in flags for f in rank], dtype=torch.bool, device=device)
+
+
+def unflat(flags: Tensor, tasks: Sequence[Sequence[Task]]) -> list[list[bool]]:
+    """:func:`flat`'s inverse, given every rank's tasks."""
+    return [[bool(v) for v in rank] for rank in per_rank(flags.tolist(), tasks)]
+
+
+def per_rank(values: list, tasks: Sequence[Sequence[Task]]) -> list[list]:
+    """Per-task values of every rank, in rank order, split by rank."""
+    out, start = [], 0
+    for rank_tasks in tasks:
+        out.append(values[start : start + len(rank_tasks)])
+        start += len(rank_tasks)
+    return out
+
+
+def none_of(flags: Sequence[Sequence[bool]]) -> bool:
+    """Whether no flag of any rank is set."""
+    return not any(any(rank) for rank in flags)
