@@ -267,10 +267,8 @@ class ShardedLoop:
     def _flush_gain(self) -> None:
         """Set the pending step's gain now: every owner's row norms gathered by an exchange of their own."""
         pending = self._norms
-        everyone = [{"rows": pending.rows}] * self.owner.cuts.num_shards
-        handle = self.exchange.start(everyone, f"gradient norms of step {pending.step}")
-        parts = self._wait(handle, pending.step, "return")
-        self._observe_gain(pending, [part["rows"] for part in parts])
+        rows = self._everyone(pending.rows, f"gradient norms of step {pending.step}", pending.step, "return")
+        self._observe_gain(pending, rows)
 
     def _observe_gain(self, pending: PendingGain, rows: Sequence[Tensor]) -> None:
         """The adaptive batch rule for ``pending``'s step, from every owner's row norms (``rows``, in rank order:
@@ -398,9 +396,10 @@ class ShardedLoop:
         self._ahead[step] = ahead
         return ahead
 
-    def _everyone(self, values: Tensor, what: str, step: int) -> list[Tensor]:
-        """``values`` (one tensor, [n]) sent to every rank; every rank's, in rank order."""
-        parts = self._wait(self.exchange.start([{"ids": values}] * self.owner.cuts.num_shards, what), step, "fetch")
+    def _everyone(self, values: Tensor, what: str, step: int, reason: str = "fetch") -> list[Tensor]:
+        """``values`` (one tensor, [n, ...]) sent to every rank; every rank's, in rank order (its wait counted as a
+        ``reason`` wait)."""
+        parts = self._wait(self.exchange.start([{"ids": values}] * self.owner.cuts.num_shards, what), step, reason)
         return [part["ids"] for part in parts]
 
     def _exchange(self, pieces: Sequence[Rows], what: str, step: int) -> list[Rows]:
