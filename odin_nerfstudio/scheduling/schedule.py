@@ -87,7 +87,7 @@ from odin_nerfstudio.scheduling.regions import regional_steps, regions_of
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
-VERSION = 4
+VERSION = 5
 _CACHED_EPOCHS = 2
 
 

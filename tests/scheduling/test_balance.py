@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets, object_point_sets, street_point_sets
-from odin_nerfstudio.scheduling.balance import MIN_BAND_GROUPS, cost_bands, measured_view_cost
+from odin_nerfstudio.scheduling import balance
+from odin_nerfstudio.scheduling.balance import (
+    FLOOR_SPREAD,
+    MIN_BAND_GROUPS,
+    TAIL_SHARE,
+    cost_bands,
+    measured_view_cost,
+)
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig, _epoch_to_dict
 
@@ -52,8 +59,9 @@ def test_locality_only_schedule_is_unchanged() -> None:
 
 
 def test_cost_bands_cut_sorted_costs_into_whole_steps() -> None:
-    """Every view once, each band a multiple of S (the last takes the rest) of at least MIN_BAND_GROUPS steps,
-    within the tolerance where costs are dense, and the shuffle's order kept inside a band."""
+    """Every view once, each band a multiple of S (the last takes the rest), within the tolerance where costs are
+    dense, at least MIN_BAND_GROUPS steps unless those would hold a view over 1 + FLOOR_SPREAD x tolerance times
+    their mean (the tails: then within that bound, or one step), and the shuffle's order kept inside a band."""
     rng = np.random.default_rng(0)
     cost = rng.lognormal(0.0, 0.3, 5003)
     order = rng.permutation(cost.size)
@@ -61,9 +69,20 @@ def test_cost_bands_cut_sorted_costs_into_whole_steps() -> None:
     arranged, bounds = cost_bands(order, cost, size, tolerance)
     assert sorted(arranged.tolist()) == list(range(cost.size))
     lengths = np.diff(bounds)
-    assert np.all(lengths[:-1] % size == 0) and np.all(lengths >= MIN_BAND_GROUPS * size)
+    assert np.all(lengths[:-1] % size == 0) and lengths[-1] >= size
     spreads = [cost[arranged[a:b]].max() / cost[arranged[a:b]].min() for a, b in zip(bounds[:-1], bounds[1:])]
     assert np.median(spreads) <= 1 + tolerance and len(spreads) > 10
+    floor, bound, narrow = MIN_BAND_GROUPS * size, 1 + FLOOR_SPREAD * tolerance, 0
+    ascending = np.sort(cost)
+    for a, b in zip(bounds[:-2], bounds[1:-1]):
+        band = ascending[a:b]
+        if b - a < floor:
+            narrow += 1
+            assert ascending[a : a + floor].max() > bound * ascending[a : a + floor].mean()
+            assert band.max() <= bound * band.mean() or b - a == size
+        else:
+            assert band.max() <= (1 + tolerance) * band.min() or (b - a == floor and band.max() <= bound * band.mean())
+    assert 0 < narrow < len(lengths) // 2
     rank = np.empty(cost.size, dtype=np.int64)
     rank[order] = np.arange(cost.size)
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -87,6 +106,36 @@ def test_banded_steps_balance_within_tolerance_and_keep_locality(workers: int) -
     assert summary["ratio"] <= 0.5 and summary["random_conflict_mass"] > 0
     step = banded.at(3)
     np.testing.assert_allclose(step.worker_cost, [cost[list(t)].sum() for t in step.tasks])
+
+
+def test_short_epoch_tails_get_narrower_bands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2,000-view street at W = 32 (62 steps) with measured-like costs: the 4-step floor everywhere left its tail
+    bands spanning far more than the tolerance (balance 1.061); narrower tail bands bring it within 1.05 while the
+    steps still conflict far less than a random order, and the rest of the bands keep the floor."""
+    rlg = RelativeLocalityGraph.from_point_sets(street_point_sets(2000, seed=0))
+    cost, config = measured_like(rlg), ScheduleConfig(num_workers=32, seed=0)
+    _, bounds = cost_bands(np.arange(rlg.num_views), cost, config.step_size, config.band_tolerance)
+    lengths = np.diff(bounds)
+    narrow = lengths < MIN_BAND_GROUPS * config.step_size
+    assert narrow.any() and lengths[narrow].sum() <= TAIL_SHARE * rlg.num_views
+    summary = Schedule(rlg, config, view_cost=cost).summary()
+    assert summary["balance"] <= 1.05 and summary["ratio"] <= 0.1
+    monkeypatch.setattr(balance, "FLOOR_SPREAD", np.inf)
+    _, floor_bounds = cost_bands(np.arange(rlg.num_views), cost, config.step_size, config.band_tolerance)
+    assert np.all(np.diff(floor_bounds) >= MIN_BAND_GROUPS * config.step_size)
+    assert Schedule(rlg, config, view_cost=cost).summary()["balance"] > 1.05
+
+
+def test_a_small_scene_keeps_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """24 views whose costs are sparse throughout (a small scene, where grown groups need the floor's neighbours):
+    narrower bands would hold most views, over TAIL_SHARE, so every band keeps MIN_BAND_GROUPS steps."""
+    cost = np.geomspace(1.0, 8.0, 24)
+    floor = MIN_BAND_GROUPS * 2
+    _, bounds = cost_bands(np.arange(24), cost, 2, 0.05)
+    assert np.all(np.diff(bounds) >= floor)
+    monkeypatch.setattr(balance, "TAIL_SHARE", 1.0)
+    _, narrowed = cost_bands(np.arange(24), cost, 2, 0.05)
+    assert np.all(np.diff(narrowed) < floor)
 
 
 def test_lpt_balances_the_step_first() -> None:
