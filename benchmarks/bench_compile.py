@@ -212,8 +212,9 @@ NOTES = """
   instead of 0.70); groups grow along RLG edges inside a band. Where the cost distribution is sparse (its tails,
   and all of it when an epoch has few steps) a band spans more than the tolerance. In the tails of a larger epoch
   a band is narrower, down to one step, where 4 steps would hold a view over 1 + 2 x tolerance times their mean
-  (`FLOOR_SPREAD`), as long as the narrower bands hold at most a quarter of the views (`TAIL_SHARE`; a small
-  scene, sparse throughout, keeps the 4-step floor: locality first there). The short-epoch street at W = 64 (62
+  (`FLOOR_SPREAD`; with B views per worker, a worker holding the costliest view and B - 1 of the cheapest over
+  that times the mean worker), as long as the narrower bands hold at most a quarter of the views (`TAIL_SHARE`; a
+  small scene, sparse throughout, keeps the 4-step floor: locality first there). The short-epoch street at W = 64 (62
   steps) with measured-like costs had balance 1.082 with the floor everywhere (commit 9bb1f3e: its tail bands
   spanned factors of 2.2 and 2.0): now 1.046, its conflict ratio 0.073 -> 0.087 and mean overlap window 2.56 ->
   2.37 steps (the schedules are deterministic: both codes give these figures on any machine); 4% of its views

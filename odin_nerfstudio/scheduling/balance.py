@@ -24,14 +24,15 @@ from __future__ import annotations
 import numpy as np
 
 MIN_BAND_GROUPS = 4
-"""Fewest steps' worth of views (groups of S) in a cost band, unless FLOOR_SPREAD rules it out."""
+"""Fewest steps' worth of views (groups of S) in a cost band, unless ``FLOOR_SPREAD`` rules it out."""
 
 FLOOR_SPREAD = 2.0
-"""A band is narrower than ``MIN_BAND_GROUPS`` steps only where theirs would hold a view over 1 + FLOOR_SPREAD x
-tolerance times their mean cost: that view sets one step's balance, the others are evener. Chosen on the 4,000-view
-street at W = 64 (measured-like costs, one epoch): 1, 1.5, 2 gave balances 1.038, 1.042, 1.046 and conflict ratios
-0.118, 0.108, 0.087 (the 4-step floor everywhere: 1.082, 0.073); on fern at W = 2, 1 narrowed bands (conflict ratio
-0.746 for 0.703) that 1.5 and 2 left alone."""
+"""A band is narrower than ``MIN_BAND_GROUPS`` steps only where theirs would give a worker over 1 + FLOOR_SPREAD x
+the balance tolerance times the mean worker cost (B = 1: a view over that times their mean view): that worker sets
+one step's balance, the others are evener. Chosen on the 4,000-view street at W = 64 (measured-like costs, one
+epoch): 1, 1.5, 2 gave balances 1.038, 1.042, 1.046 and conflict ratios 0.118, 0.108, 0.087 (the 4-step floor
+everywhere: 1.082, 0.073); on fern at W = 2, 1 narrowed bands (conflict ratio 0.746 for 0.703) that 1.5 and 2 left
+alone."""
 
 TAIL_SHARE = 0.25
 """Most views that narrower bands may hold; beyond it (a small scene, its costs sparse throughout: a 24-view street
@@ -40,14 +41,15 @@ short-epoch street at W = 64 narrows 4% of its views, the 50k city at most 1%; s
 
 
 def cost_bands(
-    order: np.ndarray, cost: np.ndarray, size: int, tolerance: float | None
+    order: np.ndarray, cost: np.ndarray, size: int, tolerance: float | None, per_worker: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Arrange the views of ``order`` band by band (keeping their order within a band) and cut the bands.
 
     Bands are consecutive runs of the views sorted by cost (ties by view index), each a multiple of ``size`` views
     (the last one takes the V mod S rest). A band is the widest of: the views within a factor ``1 + tolerance`` of
     its cheapest (where the cost distribution is dense), and the most steps up to ``MIN_BAND_GROUPS`` whose
-    costliest view is within ``1 + FLOOR_SPREAD x tolerance`` of their mean (one step where none is); the rest
+    costliest worker would stay within ``1 + FLOOR_SPREAD x tolerance / per_worker`` of the mean (one step where none
+    is; that worker holds the costliest view and, LPT's last picks, ``per_worker - 1`` of the cheapest); the rest
     joins the last band when it is less than a step, or less than ``MIN_BAND_GROUPS`` steps that keep that bound.
     Where bands narrower than ``MIN_BAND_GROUPS`` steps would hold over ``TAIL_SHARE`` of the views, every band
     holds ``MIN_BAND_GROUPS`` steps or more (the rest joins the last band when it is less than that).
@@ -57,6 +59,7 @@ def cost_bands(
         cost: per-view cost [V] (predicted or measured), >= 0.
         size: S, views per step.
         tolerance: largest relative cost spread within a band; None: one band (locality alone).
+        per_worker: B, views per worker in a step (a band's tolerance is B times the steps' balance tolerance).
 
     Returns:
         the views band by band [V] and the bands' bounds in it [bands + 1] (0 first, V last).
@@ -66,7 +69,7 @@ def cost_bands(
         return order, np.array([0, num_views], dtype=np.int64)
     by_cost = np.argsort(cost, kind="stable")
     sorted_cost = cost[by_cost]
-    bounds = _cut(sorted_cost, size, tolerance, 1.0 + FLOOR_SPREAD * tolerance)
+    bounds = _cut(sorted_cost, size, tolerance, per_worker)
     lengths = np.diff(bounds)
     if len(lengths) > 1 and lengths[lengths < MIN_BAND_GROUPS * size].sum() > TAIL_SHARE * num_views:
         bounds = _cut(sorted_cost, size, tolerance, None)
@@ -75,22 +78,29 @@ def cost_bands(
     return order[np.argsort(band_of[order], kind="stable")], bounds
 
 
-def _cut(sorted_cost: np.ndarray, size: int, tolerance: float, spread: float | None) -> np.ndarray:
+def _cut(sorted_cost: np.ndarray, size: int, tolerance: float, per_worker: int | None) -> np.ndarray:
     """Bounds of the cost bands of views sorted by cost [bands + 1] (see :func:`cost_bands`), narrower than
-    ``MIN_BAND_GROUPS`` steps where those would hold a view over ``spread`` times their mean (None: never)."""
+    ``MIN_BAND_GROUPS`` steps where those would hold a costlier worker than the bound (per_worker None: never)."""
     num_views = len(sorted_cost)
     prefix = np.concatenate(([0.0], np.cumsum(sorted_cost)))
+
+    def even(low: int, ends: np.ndarray) -> np.ndarray:
+        """Whether views low..end - 1 keep their costliest worker within the bound of their mean worker [ends]."""
+        if per_worker is None:
+            return np.ones(ends.shape, dtype=bool)
+        worst = sorted_cost[ends - 1] + (per_worker - 1) * sorted_cost[low]
+        mean = per_worker * (prefix[ends] - prefix[low]) / (ends - low)
+        return worst <= (1.0 + FLOOR_SPREAD * tolerance / per_worker) * mean
+
     bounds = [0]
     while bounds[-1] < num_views:
         low = bounds[-1]
         within = int(np.searchsorted(sorted_cost, sorted_cost[low] * (1.0 + tolerance), side="right")) - low
         ends = low + size * np.arange(1, MIN_BAND_GROUPS + 1)
         ends = ends[ends <= num_views]
-        if spread is not None:
-            ends = ends[sorted_cost[ends - 1] <= spread * (prefix[ends] - prefix[low]) / (ends - low)]
-        high = low + max(size, within - within % size, int(ends.max(initial=low)) - low)
+        high = low + max(size, within - within % size, int(ends[even(low, ends)].max(initial=low)) - low)
         rest = num_views - high
-        evens_out = spread is None or sorted_cost[-1] <= spread * (prefix[-1] - prefix[low]) / (num_views - low)
+        evens_out = bool(even(low, np.array([num_views]))[0])
         bounds.append(num_views if rest < size or (rest < MIN_BAND_GROUPS * size and evens_out) else high)
     return np.array(bounds, dtype=np.int64)
 

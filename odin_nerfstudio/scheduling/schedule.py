@@ -390,7 +390,8 @@ class Schedule:
             return self._assemble(epoch, groups, random_mass, fixed=steps)
         rng = np.random.default_rng([config.seed, epoch, 0])
         shuffle, bounds = cost_bands(
-            rng.permutation(self.num_views), self.view_cost, config.step_size, config.band_tolerance
+            rng.permutation(self.num_views), self.view_cost, config.step_size, config.band_tolerance,
+            config.views_per_worker,
         )
         groups = grow_groups(weights, shuffle, config.step_size, bounds)
         order = order_groups(weights, groups, config.step_size, config.ring_size, rng)
@@ -429,10 +430,10 @@ class Schedule:
     def random_groups(self, epoch: int, banded: bool = False) -> list[np.ndarray]:
         """Epoch ``epoch``'s random baseline: a permutation drawn from (seed, epoch, 1) chunked into steps of S;
         ``banded``: the same permutation arranged band by band (the cost bands of ``balance_tolerance``) first."""
-        size = self.config.step_size
-        order = np.random.default_rng([self.config.seed, epoch, 1]).permutation(self.num_views)
+        config, size = self.config, self.config.step_size
+        order = np.random.default_rng([config.seed, epoch, 1]).permutation(self.num_views)
         if banded:
-            order, bounds = cost_bands(order, self.view_cost, size, self.config.band_tolerance)
+            order, bounds = cost_bands(order, self.view_cost, size, config.band_tolerance, config.views_per_worker)
             return [order[i : min(i + size, b)] for a, b in zip(bounds[:-1], bounds[1:]) for i in range(a, b, size)]
         return [order[i : i + size] for i in range(0, self.num_views, size)]
 

@@ -111,13 +111,17 @@ def test_banded_steps_balance_within_tolerance_and_keep_locality(workers: int) -
 def test_short_epoch_tails_get_narrower_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 2,000-view street at W = 32 (62 steps) with measured-like costs: the 4-step floor everywhere left its tail
     bands spanning far more than the tolerance (balance 1.061); narrower tail bands bring it within 1.05 while the
-    steps still conflict far less than a random order, and the rest of the bands keep the floor."""
+    steps still conflict far less than a random order, and the rest of the bands keep the floor. With B = 4 views
+    per worker (the same step size) the floor holds everywhere."""
     rlg = RelativeLocalityGraph.from_point_sets(street_point_sets(2000, seed=0))
     cost, config = measured_like(rlg), ScheduleConfig(num_workers=32, seed=0)
     _, bounds = cost_bands(np.arange(rlg.num_views), cost, config.step_size, config.band_tolerance)
     lengths = np.diff(bounds)
     narrow = lengths < MIN_BAND_GROUPS * config.step_size
     assert narrow.any() and lengths[narrow].sum() <= TAIL_SHARE * rlg.num_views
+    fours = ScheduleConfig(num_workers=8, views_per_worker=4)  # the same S: LPT evens out sums of 4 views
+    _, fours_bounds = cost_bands(np.arange(rlg.num_views), cost, fours.step_size, fours.band_tolerance, 4)
+    assert np.all(np.diff(fours_bounds) >= MIN_BAND_GROUPS * fours.step_size)
     summary = Schedule(rlg, config, view_cost=cost).summary()
     assert summary["balance"] <= 1.05 and summary["ratio"] <= 0.1
     monkeypatch.setattr(balance, "FLOOR_SPREAD", np.inf)

@@ -258,7 +258,7 @@ def test_json_refuses_another_graph_or_costs_or_tampering(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="not an odin-schedule"):
         Schedule.from_json('{"format": "other"}', rlg)
     data["version"] = 2
-    with pytest.raises(ValueError, match="v2 file, this odin-nerfstudio writes v4"):
+    with pytest.raises(ValueError, match="v2 file, this odin-nerfstudio writes v5"):
         Schedule.from_json(json.dumps(data), rlg)
 
 
