@@ -9,11 +9,12 @@ views of nearly equal cost, and locality is sought among them. Band sizes are mu
 no step straddles two bands, and hold at least ``MIN_BAND_GROUPS`` steps' worth of views: a band of a few steps
 leaves its groups no neighbours to grow along (on fern, 20 views at W = 2, over 20 epochs: bands of one or two steps
 gave 0.78 of the random order's conflict mass, bands of four 0.70, locality alone 0.70), so where the cost
-distribution is sparse (its tails, a small scene) a band spans more than the tolerance. Only where that costs the
-balance (a band of ``MIN_BAND_GROUPS`` steps whose costliest worker would exceed the mean one by more than
-``FLOOR_SPREAD`` balance tolerances; with B = 1, its costliest view its mean view) in the tails of a larger epoch's costs (narrower bands hold at most ``TAIL_SHARE`` of the views) is a
-band narrower, down to one step: on the 4,000-view street at W = 64, with measured-like costs, the balance went from
-1.082 to 1.046 and the conflict ratio from 0.073 to 0.087 (BENCHMARKS.md, bench_compile).
+distribution is sparse (its tails, a small scene) a band spans more than the tolerance. A band is narrower, down to
+one step, only where the floor costs the balance: where ``MIN_BAND_GROUPS`` steps would hold a worker costlier than
+the mean one by more than ``FLOOR_SPREAD`` balance tolerances (B = 1: a view that much above their mean view), and
+only in the tails of a larger epoch's costs (narrower bands hold at most ``TAIL_SHARE`` of the views). On the
+4,000-view street at W = 64, with measured-like costs, that took the balance from 1.082 to 1.046 and the conflict
+ratio from 0.073 to 0.087 (BENCHMARKS.md, bench_compile).
 
 Costs may come from measurement (:func:`measured_view_cost`): a view's render + backward seconds in the previous
 epoch, as Grendel balances by measured time; the counted SfM points and pixels only predict it.
