@@ -48,10 +48,10 @@ inline CullConstants cull_constants(const double* v) {
   return g;
 }
 
-// min(|a / z|, limit) for a row at depth z >= depth (torch.clamp(max=limit) of the absolute ratio), else the limit.
+// min(|a| / z, limit) for a row at depth z >= depth (torch.clamp(max=limit) of the ratio), else the limit.
 ODIN_INLINE float clamped_slope(float a, float z, float limit, float depth) {
   if (!(z >= depth)) return limit;
-  const float slope = fabsf(ODIN_DIV(a, z));
+  const float slope = ODIN_DIV(fabsf(a), z);
   return slope > limit ? limit : slope;
 }
 

@@ -149,16 +149,6 @@ class CullRegion:
         scale_x, scale_y = _RADIUS_SLACK * max(fx, fy) / fx, _RADIUS_SLACK * max(fx, fy) / fy
         return cls(camera, pad, pad, near_plane, 1.0, (scale_x, scale_x, scale_y, scale_y), (lim_x, lim_y), near_plane)
 
-    def moving(self) -> CullRegion:
-        """This region as a test of spheres grown by how far a row may move (``BoundingSpheres.meets``' shift): a
-        moved centre has other slopes, so every row takes the largest m, and a centre moved by d changes
-        ``x - left z`` by up to ``d (1 + left^2) ** 0.5``, so every side factor times m is at least that norm (and
-        the near factor at least 1)."""
-        largest = self.largest_factor
-        norms = (math.hypot(1.0, s) for s in self.sides)
-        scales = tuple(max(scale, norm / largest) for scale, norm in zip(self.side_scales, norms))
-        return replace(self, near_scale=max(self.near_scale, 1.0), side_scales=scales, slope_depth=math.inf)
-
     @functools.cached_property
     def largest_factor(self) -> float:
         """The largest m of any row: ``sqrt(1 + limits[0]^2 + limits[1]^2)`` (the block test's, cull_region.h's)."""
@@ -207,29 +197,39 @@ def _sides(camera: Camera, pad_x: float, pad_y: float) -> tuple[float, float, fl
     return left, right, top, bottom
 
 
-def _meets(centres: Tensor, radii: Tensor, region: CullRegion) -> Tensor:
-    """Whether each sphere (centres [3, ...], 3-sigma radii [...]) meets ``region``, bool [...].
+def _meets(centres: Tensor, radii: Tensor, region: CullRegion, shift: float = 0.0) -> Tensor:
+    """Whether each sphere (centres [3, ...], 3-sigma radii [...]) meets ``region``, bool [...]; with ``shift``,
+    whether it may once its centre has moved by at most ``shift``: its slopes are then at most
+    ``(|x| + shift) / (z - shift)`` and each side's ``x - left z`` moves by at most ``shift (1 + left^2) ** 0.5``.
 
     Element-wise only (never a matrix product), in a fixed order of operations, so each row's answer does not
     depend on the other rows tested with it: the full scan, the block index and validation agree bit for bit.
+    Without ``shift`` these are cull_region.h's float32 operations in its order.
     """
     ((r00, r01, r02), (r10, r11, r12), (r20, r21, r22)), (t0, t1, t2) = region.pose
     cx, cy, cz = centres[0], centres[1], centres[2]
     x = cx * r00 + cy * r01 + cz * r02 + t0
     y = cx * r10 + cy * r11 + cz * r12 + t1
     z = cx * r20 + cy * r21 + cz * r22 + t2
+    slope_x, slope_y, depth = x.abs(), y.abs(), z
+    if shift:
+        slope_x, slope_y, depth = slope_x + shift, slope_y + shift, z - shift
     lim_x, lim_y = region.limits
-    own = z >= region.slope_depth
-    ax = torch.where(own, torch.clamp((x / z).abs(), max=lim_x), lim_x)
-    ay = torch.where(own, torch.clamp((y / z).abs(), max=lim_y), lim_y)
+    own = depth >= region.slope_depth
+    ax = torch.where(own, torch.clamp(slope_x / depth, max=lim_x), lim_x)
+    ay = torch.where(own, torch.clamp(slope_y / depth, max=lim_y), lim_y)
     spread = radii * torch.sqrt(1.0 + ax * ax + ay * ay)
+    near = region.near_plane - radii * region.near_scale
+    reach = [spread * scale for scale in region.side_scales]
+    if shift:
+        near = near - shift
+        reach = [r + shift * math.hypot(1.0, side) for r, side in zip(reach, region.sides)]
     left, right, top, bottom = region.sides
-    scale_left, scale_right, scale_top, scale_bottom = region.side_scales
-    inside = z >= region.near_plane - radii * region.near_scale
-    inside &= (x - left * z) >= -spread * scale_left
-    inside &= (right * z - x) >= -spread * scale_right
-    inside &= (y - top * z) >= -spread * scale_top
-    inside &= (bottom * z - y) >= -spread * scale_bottom
+    inside = z >= near
+    inside &= (x - left * z) >= -reach[0]
+    inside &= (right * z - x) >= -reach[1]
+    inside &= (y - top * z) >= -reach[2]
+    inside &= (bottom * z - y) >= -reach[3]
     return inside
 
 
@@ -402,15 +402,14 @@ class BoundingSpheres:
 
     def meets(self, region: CullRegion, rows: Tensor | None = None, grow: float = 1.0, shift: float = 0.0) -> Tensor:
         """Whether the spheres of ``rows`` (int64 [M]; all N if None) meet ``region``, bool [M]: the exact test.
-        ``grow`` and ``shift`` widen each radius to ``radius x grow + shift``, tested against ``region.moving()``
-        when ``shift`` is not 0: True wherever the row can be once its radius grows by at most ``grow`` and its
-        centre moves by at most ``shift``."""
+        With ``grow`` and ``shift``: whether it may, once its radius has grown by at most ``grow`` and its centre
+        moved by at most ``shift`` (a row's radius factor depends on where its centre is, :func:`_meets`)."""
         centres, radii = self.centres, self.radii
         if rows is not None:
             centres, radii = centres.index_select(1, rows), radii.index_select(0, rows)
-        if grow != 1.0 or shift != 0.0:
-            radii = radii * grow + shift
-        return _meets(centres, radii, region.moving() if shift != 0.0 else region)
+        if grow != 1.0:
+            radii = radii * grow
+        return _meets(centres, radii, region, shift)
 
     def rows_in(self, region: CullRegion) -> Tensor:
         """The sorted rows whose sphere meets ``region``, int64 [M]: exactly ``nonzero(meets(region))``, in

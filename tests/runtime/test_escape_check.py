@@ -315,17 +315,34 @@ def test_rows_off_the_corners_and_near_the_camera_are_kept(camera: str, tightnes
     assert bool((~kept).any()), "the bound culls nothing"
 
 
-def test_a_row_that_may_move_takes_the_largest_factor() -> None:
+def test_a_row_that_may_move_takes_the_factor_of_where_it_may_be() -> None:
     """A row's own factor holds where it is, not where a publication may move it: a large Gaussian beside the
     image at mid-height, close to the camera, reaches further once it moves up (its y / z grows from 0 to 1). The
-    reach test (a shift) keeps it; the same sphere grown by the shift but tested with the row's own factor would not."""
+    reach test (a shift) keeps it; the same sphere grown by the shift but with the factor of where it is would not.
+    A row behind the near plane that may move in front of it is kept too. And on random rows moved at random, the reach test keeps every row that meets the region once moved."""
     camera = pinhole(540, 960, 60.0, torch.eye(4))
-    region = CullRegion.drawable(camera)
+    region = CullRegion.drawable(camera).widened(0.1)
     depth, shift, radius = 0.05, 0.05, 1.0
-    centre = torch.tensor([[region.sides[0] * depth - 1.45, 0.0, depth]])
+    centre = torch.tensor([[region.sides[0] * depth - 1.5, 0.0, depth]])
     scales = torch.full((1, 3), radius / 3.0)
     bounds = BoundingSpheres.of(centre, scales)
     moved = BoundingSpheres.of(centre + torch.tensor([[0.0, shift, 0.0]]), scales)
     assert not bool(bounds.meets(region).any()) and bool(moved.meets(region).all())
     assert bool(bounds.meets(region, shift=shift).all())
     assert not bool(bounds.meets(region, grow=(radius + shift) / radius).any())
+    behind = torch.tensor([[0.0, 0.0, region.near_plane - region.near_scale * 0.01 - 0.5 * shift]])
+    bounds = BoundingSpheres.of(behind, torch.full((1, 3), 0.01 / 3.0))
+    assert not bool(bounds.meets(region).any()) and bool(bounds.meets(region, shift=shift).all())
+    generator = torch.Generator().manual_seed(5)
+    rows = off_the_corners(camera, 3000, generator)
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    shift, grow = 0.02, 1.2
+    reach = bounds.meets(region, grow=grow, shift=shift)
+    met = torch.zeros_like(reach)
+    for _ in range(10):
+        step = torch.randn(3000, 3, generator=generator)
+        step *= shift * torch.rand(3000, 1, generator=generator) / step.norm(dim=1, keepdim=True)
+        growth = 1.0 + (grow - 1.0) * torch.rand(3000, 1, generator=generator)
+        met |= BoundingSpheres.of(rows["means"] + step, torch.exp(rows["scales"]) * growth).meets(region)
+    assert bool(met.any()) and not bool((met & ~reach).any())
+    assert bool((reach & ~bounds.meets(region, grow=grow)).any()), "the shift widens nothing"
