@@ -259,10 +259,10 @@ def beside(camera: Camera, side: str, depths: list[float], scale: float, distanc
 
 @pytest.mark.parametrize("side", ["left", "right", "top", "bottom"])
 def test_a_row_beside_the_image_takes_its_own_radius_factor(side: str) -> None:
-    """A row beside the image at mid-height (or mid-width) has slopes x / z ~ the side's and y / z ~ 0: its
-    radius box is about sqrt(1 + side^2) times its sphere, not the image's worst case sqrt(1 + Lx^2 + Ly^2) (a
-    portrait 60-degree camera: 1.2 beside the left and right sides, 1.5 above and below, against 1.8). Rows between the two bounds are kept by the image-wide factor,
-    dropped by the row's own, and the projection indeed does not draw them."""
+    """A row beside the image at mid-height (or mid-width) has slopes x / z ~ the side's and y / z ~ 0: its radius box
+    is about sqrt(1 + side^2) times its sphere, not the image's worst case sqrt(1 + Lx^2 + Ly^2) (a portrait 60-degree
+    camera: 1.2 beside the left and right sides, 1.5 above and below, against 1.8). Rows between the two bounds are kept
+    by the image-wide factor, dropped by the row's own, and the projection indeed does not draw them."""
     camera = pinhole(540, 960, 60.0, torch.eye(4))
     rows = beside(camera, side, [0.05, 0.3, 1.0, 4.0], scale=0.02, distance=0.95)
     bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
@@ -316,10 +316,11 @@ def test_rows_off_the_corners_and_near_the_camera_are_kept(camera: str, tightnes
 
 
 def test_a_row_that_may_move_takes_the_factor_of_where_it_may_be() -> None:
-    """A row's own factor holds where it is, not where a publication may move it: a large Gaussian beside the
-    image at mid-height, close to the camera, reaches further once it moves up (its y / z grows from 0 to 1). The
-    reach test (a shift) keeps it; the same sphere grown by the shift but with the factor of where it is would not.
-    A row behind the near plane that may move in front of it is kept too. And on random rows moved at random, the reach test keeps every row that meets the region once moved."""
+    """A row's own factor holds where it is, not where a publication may move it: a large Gaussian beside the image at
+    mid-height, close to the camera, reaches further once it moves up (its y / z grows from 0 to 1). The reach test (a
+    shift) keeps it; the same sphere grown by the shift but with the factor of where it is would not. A row behind the
+    near plane that may move in front of it is kept too. And on random rows moved at random, the reach test keeps every
+    row that meets the region once moved."""
     camera = pinhole(540, 960, 60.0, torch.eye(4))
     region = CullRegion.drawable(camera).widened(0.1)
     depth, shift, radius = 0.05, 0.05, 1.0
