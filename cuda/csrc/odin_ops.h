@@ -23,9 +23,10 @@ namespace odin {
 
 // Rows per block of the culling index (culling/candidates.py BLOCK_ROWS).
 constexpr int64_t kBlockRows = 64;
-// Entries of the region vector: rotation (9, row-major), translation (3), radius scale, near plane, the widened
-// image's left/right/top/bottom slopes, and their plane norms sqrt(1 + slope^2) (4).
-constexpr int64_t kRegionSize = 22;
+// Entries of the region vector: rotation (9, row-major), translation (3), near plane, near factor, the widened
+// image's left/right/top/bottom slopes (4), their side factors (4), the limits of |x / z| and |y / z| (2), and the
+// depth from which a row's own slopes set its factor.
+constexpr int64_t kRegionSize = 25;
 // Planes of a cull region and entries per plane of the block coefficients (min(m, 0) x3, max(m, 0) x3, radius,
 // offset), which cull_conflicts computes from the region vector (cull_region.h block_coefficients).
 constexpr int64_t kPlanes = 5;

@@ -21,8 +21,8 @@ void check_cull_inputs(const at::Tensor& block_rows, const at::Tensor& block_sph
   TORCH_CHECK(block_bounds.dim() == 2 && block_bounds.size(0) == kBoundRows && block_bounds.size(1) == blocks &&
                   block_bounds.scalar_type() == at::kDouble,
               "cull_conflicts: block_bounds must be float64 [8, B]");
-  TORCH_CHECK(static_cast<int64_t>(region.size()) == kRegionSize, "cull_conflicts: the region has 22 entries, got ",
-              region.size());
+  TORCH_CHECK(static_cast<int64_t>(region.size()) == kRegionSize, "cull_conflicts: the region has ", kRegionSize,
+              " entries, got ", region.size());
   TORCH_CHECK(writes.size() == write_steps.size(), "cull_conflicts: one step per write set, got ", writes.size(),
               " sets and ", write_steps.size(), " steps");
   for (const at::Tensor* t : {&block_rows, &block_spheres, &block_bounds}) {

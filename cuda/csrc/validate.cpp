@@ -22,7 +22,8 @@ std::tuple<bool, bool> validate_read_cpu(const at::Tensor& candidate, at::Tensor
   TORCH_CHECK(centres.dim() == 2 && centres.size(0) == 3 && centres.size(1) == n && centres.scalar_type() == at::kFloat,
               "validate_read: centres must be float32 [3, N]");
   TORCH_CHECK(radii.dim() == 1 && radii.scalar_type() == at::kFloat, "validate_read: radii must be float32 [N]");
-  TORCH_CHECK(static_cast<int64_t>(region.size()) == kRegionSize, "validate_read: the region has 22 entries");
+  TORCH_CHECK(static_cast<int64_t>(region.size()) == kRegionSize, "validate_read: the region has ", kRegionSize,
+              " entries");
   for (const at::Tensor* t : {&candidate, &centres, &radii}) {
     TORCH_CHECK(t->is_cpu() && t->is_contiguous(), "validate_read: every input must be a contiguous CPU tensor");
   }

@@ -3,19 +3,24 @@
 C(t) must be a conservative superset of what the rasterizer will see (the active set A(t)). It is culled against
 :meth:`CullRegion.drawable` of the camera the task renders with (a provable bound of what gsplat's projection can
 draw: radius box, EWA Jacobian with its field-of-view clamp, eps2d blur, the ceil), widened by ``margin`` of the
-image size on every side so that a row that moves a little after the read is already in C(t). Each Gaussian is
-bounded by a sphere around its mean whose radius is ``3 * max(scale)`` times the region's factor; it is a candidate
-when its sphere is not entirely outside one of the five planes (the near plane, moved towards the camera by the
-radius, and the four widened sides). No far plane is used (conservative). Whether the superset held is checked
-after the fact by the runtime's validation, never assumed.
+image size on every side (its near plane moved towards the camera by ``1 + margin`` times the radius below) so
+that a row that moves a little after the read is already in C(t). Each Gaussian is bounded by the sphere of radius
+``3 * max(scale)`` around its mean; it is a candidate unless its mean lies outside one of five half-spaces by more
+than that radius times a factor: the near plane's, and for the four widened sides one of the row's own direction
+(below). No far plane is used (conservative). Whether the superset held is checked after the fact by the runtime's
+validation, never assumed.
 
 Why not the sphere alone: gsplat's radius is ``ceil(3 sqrt(lambda_max))`` of the linearized 2D covariance, one
-radius for a square box, and the Jacobian is taken with x / z clamped to ``1.3 tan(fov / 2)``. A Gaussian close to
-the camera and off a corner of the frustum reaches, along the image's short side, about
-``sqrt(1 + Lx^2 + Ly^2) / sqrt(1 + side^2)`` times its sphere (1.27 for a portrait 540x960 camera at f = 800):
-beyond the former fixed 1.1 radius factor, which let such rows escape C(t) (``docs/architecture.md``). And the
-blur and the ceil add pixels of the render's resolution, which the resolution schedule makes up to four times
-coarser than the task's camera: a fixed pixel pad at the task's resolution fell short on small images.
+radius for a square box, and the Jacobian is taken at the mean's slopes x / z, y / z clamped to
+``1.3 tan(fov / 2)`` (Lx, Ly). A Gaussian close to the camera and off a corner of the frustum reaches, along the
+image's short side, about ``sqrt(1 + Lx^2 + Ly^2) / sqrt(1 + side^2)`` times its sphere (1.27 for a portrait
+540x960 camera at f = 800): beyond the former fixed 1.1 radius factor, which let such rows escape C(t)
+(``docs/architecture.md``). That worst case holds only off the corners: the factor is the row's own,
+``sqrt(1 + ax^2 + ay^2)`` of its clamped slopes, so a row beside the image at mid-height gets about
+``sqrt(1 + side^2)`` (what the sphere test's plane norm gave), and C(t) stays within 10% of the sphere test's size
+with cameras inside the content (BENCHMARKS.md, bench_escapes). And the blur and the ceil add pixels of the
+render's resolution, which the resolution schedule makes up to four times coarser than the task's camera: a fixed
+pixel pad at the task's resolution fell short on small images.
 Culling a task does not scan all N rows: :class:`BoundingSpheres` keeps the spheres in blocks of ``BLOCK_ROWS``
 rows that are close in space (Morton order), each with its box of centres and its largest radius; a task tests
 the N / ``BLOCK_ROWS`` block bounds (one small matrix product), then exactly the rows of the blocks that may meet
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -56,25 +61,43 @@ _RADIUS_V1_SLACK = 0.32
 
 @dataclass(frozen=True)
 class CullRegion:
-    """What a bounding sphere must meet to be kept: a widened view frustum and a factor on every radius.
+    """What a bounding sphere must meet to be kept: a near plane and the image's four sides, widened, each reached
+    by the sphere's radius times a factor that depends on the row's direction.
 
-    A Gaussian's sphere (its mean, radius ``3 * max(scale) * radius_scale``) is kept when it is not entirely
-    outside one of five planes: ``z = near_plane`` and the four sides of the image widened by ``pad_x`` and
-    ``pad_y`` pixels. The camera has no skew (``K[0, 1] == 0``).
+    A row with camera-space mean (x, y, z) and 3-sigma radius r = ``3 * max(scale)`` is kept when
+    ``z >= near_plane - near_scale r`` and, for each side with slope ``left`` (x / z of the image's left edge
+    widened by ``pad_x`` pixels; the other three alike, :attr:`sides`), ``x - left z >= -side_scales[0] m r``, where
+    ``m = sqrt(1 + ax^2 + ay^2)``, ``ax = min(|x / z|, limits[0])``, ``ay = min(|y / z|, limits[1])`` for a row with
+    ``z >= slope_depth`` and ``ax, ay = limits`` for nearer rows (the largest m). With limits (0, 0), m = 1 and
+    ``side_scales = k (1 + left^2) ** 0.5``: a sphere of radius k r against the side's plane (:meth:`sphere`). The
+    camera has no skew (``K[0, 1] == 0``).
 
     Attributes:
         camera: the camera.
         pad_x: pixels added left and right of the image.
         pad_y: pixels added above and below the image.
-        radius_scale: factor on the 3-sigma radius ``3 * max(scale)``.
-        near_plane: the near plane (moved towards the camera by each sphere's radius).
+        near_plane: the near plane (moved towards the camera by ``near_scale`` r).
+        near_scale: factor on the 3-sigma radius for the near plane.
+        side_scales: factors on m r for the left, right, top and bottom sides.
+        limits: the largest |x / z| and |y / z| that enter m.
+        slope_depth: rows at this depth or further take their own slopes in m, nearer ones the limits.
     """
 
     camera: Camera
     pad_x: float
     pad_y: float
-    radius_scale: float
     near_plane: float
+    near_scale: float
+    side_scales: tuple[float, float, float, float]
+    limits: tuple[float, float] = (0.0, 0.0)
+    slope_depth: float = math.inf
+
+    @classmethod
+    def sphere(cls, camera: Camera, pad_x: float, pad_y: float, radius_scale: float, near_plane: float) -> CullRegion:
+        """The plain sphere test: a sphere of radius ``radius_scale`` r not entirely outside the near plane or one
+        of the image's sides widened by ``pad_x``, ``pad_y`` pixels (C(t)'s region before the drawable region)."""
+        norms = tuple(math.hypot(1.0, s) for s in _sides(camera, pad_x, pad_y))
+        return cls(camera, pad_x, pad_y, near_plane, radius_scale, tuple(radius_scale * n for n in norms))
 
     @classmethod
     def candidates(cls, camera: Camera, margin: float, near_plane: float = 0.01) -> CullRegion:
@@ -82,11 +105,12 @@ class CullRegion:
         return cls.drawable(camera, near_plane=near_plane).widened(margin)
 
     def widened(self, margin: float) -> CullRegion:
-        """This region with ``margin`` of the image's width and height added on every side (same radius factor:
-        wider sides only make the sphere test looser)."""
+        """This region with ``margin`` of the image's width and height added on every side, and its near plane
+        moved by ``1 + margin`` times as much (the sphere test's near plane before the drawable region): room
+        for a row that moves a little after the read. The side factors stay (wider sides only loosen the test)."""
         camera = self.camera
         pad_x, pad_y = self.pad_x + margin * camera.width, self.pad_y + margin * camera.height
-        return CullRegion(camera, pad_x, pad_y, self.radius_scale, self.near_plane)
+        return replace(self, pad_x=pad_x, pad_y=pad_y, near_scale=self.near_scale * (1.0 + margin))
 
     @classmethod
     def drawable(cls, camera: Camera, eps2d: float = 0.3, near_plane: float = 0.01) -> CullRegion:
@@ -97,15 +121,17 @@ class CullRegion:
         its radius box meets the image: u + r > 0, u - r < W, v + r > 0, v - r < H, where u = fx x / z + cx
         (v alike) and r = ceil(3 sqrt(v1)), v1 = b + sqrt(max(0.01, b^2 - det)) (0.1 when packed) of the
         blurred 2D covariance J Sigma J^T + eps2d I. So v1 <= lambda_max(J Sigma J^T) + eps2d + 0.32 and
-        lambda_max(J Sigma J^T) <= s^2 lambda_max(J J^T). With t = (x / z, y / z) clamped to the projection's
-        limits (|t_x| <= Lx, |t_y| <= Ly), J J^T = D (I + t t^T) D / z^2 with D = diag(fx, fy), so
-        lambda_max(J J^T) <= f^2 (1 + Lx^2 + Ly^2) / z^2 = f^2 M^2 / z^2, f = max(fx, fy). Hence, with
-        c0 = 3 sqrt(eps2d + 0.32) + 1 (the ceil), r <= 3 s f M / z + c0, and u + r > 0 implies, times z / fx > 0,
-        x - left z > -3 s M f / fx with left = -(cx + c0) / fx: the sphere of radius
-        3 s M f / (fx sqrt(1 + left^2)) meets the left plane (its normal has norm sqrt(1 + left^2)). The other
-        three sides are alike (the radius factor is the largest of the four), and z >= near_plane implies
-        z >= near_plane - radius. The radius factor is multiplied by ``_RADIUS_SLACK`` and the padding grows by
-        ``_POSITION_SLACK`` pixels for the projection's float32 rounding.
+        lambda_max(J Sigma J^T) <= s^2 lambda_max(J J^T). With the row's own t = (x / z, y / z) clamped to the
+        projection's limits (|t_x| <= Lx, |t_y| <= Ly), J J^T = D (I + t t^T) D / z^2 with D = diag(fx, fy), so
+        lambda_max(J J^T) <= f^2 (1 + t_x^2 + t_y^2) / z^2 <= f^2 m^2 / z^2 with f = max(fx, fy) and
+        m = sqrt(1 + ax^2 + ay^2), ax = min(|x / z|, Lx), ay = min(|y / z|, Ly): m is the row's own, not the
+        worst case over the image (a row beside the image at mid-height has ay ~ 0). Hence, with
+        c0 = 3 sqrt(eps2d + 0.32) + 1 (the ceil), r <= 3 s f m / z + c0, and u + r > 0 implies, times z / fx > 0,
+        x - left z > -(f / fx) m 3 s with left = -(cx + c0) / fx: a half-plane test of the mean with side factor
+        f / fx (f / fy for the top and bottom). A drawn row has z >= near_plane = ``slope_depth``, so x / z is
+        its own; nearer rows take the limits. And z >= near_plane implies z >= near_plane - 3 s (``near_scale``
+        1). The side factors are multiplied by ``_RADIUS_SLACK`` and the padding grows by ``_POSITION_SLACK``
+        pixels for the projection's float32 rounding.
 
         Args:
             camera: the camera the rasterizer projects with (at the resolution it renders).
@@ -119,12 +145,15 @@ class CullRegion:
         width, height = camera.width, camera.height
         lim_x = max(cx, width - cx) / fx + 0.3 * 0.5 * width / fx
         lim_y = max(cy, height - cy) / fy + 0.3 * 0.5 * height / fy
-        reach = max(fx, fy) * math.sqrt(1.0 + lim_x * lim_x + lim_y * lim_y)
         pad = 3.0 * math.sqrt(eps2d + _RADIUS_V1_SLACK) + 1.0 + _POSITION_SLACK
-        slope_x = min(abs(-pad - cx), abs(width + pad - cx)) / fx
-        slope_y = min(abs(-pad - cy), abs(height + pad - cy)) / fy
-        factor = max(reach / (fx * math.hypot(1.0, slope_x)), reach / (fy * math.hypot(1.0, slope_y)))
-        return cls(camera, pad, pad, _RADIUS_SLACK * factor, near_plane)
+        scale_x, scale_y = _RADIUS_SLACK * max(fx, fy) / fx, _RADIUS_SLACK * max(fx, fy) / fy
+        return cls(camera, pad, pad, near_plane, 1.0, (scale_x, scale_x, scale_y, scale_y), (lim_x, lim_y), near_plane)
+
+    @functools.cached_property
+    def largest_factor(self) -> float:
+        """The largest m of any row: ``sqrt(1 + limits[0]^2 + limits[1]^2)`` (the block test's, cull_region.h's)."""
+        lim_x, lim_y = self.limits
+        return math.sqrt(1.0 + lim_x * lim_x + lim_y * lim_y)
 
     @functools.cached_property
     def pose(self) -> tuple[list[list[float]], list[float]]:
@@ -135,52 +164,72 @@ class CullRegion:
     @functools.cached_property
     def sides(self) -> tuple[float, float, float, float]:
         """The widened image's left, right, top and bottom edges as slopes x / z and y / z."""
-        camera = self.camera
-        (fx, _, cx), (_, fy, cy), _ = camera.K.tolist()
-        left, right = (-self.pad_x - cx) / fx, (camera.width + self.pad_x - cx) / fx
-        top, bottom = (-self.pad_y - cy) / fy, (camera.height + self.pad_y - cy) / fy
-        return left, right, top, bottom
+        return _sides(self.camera, self.pad_x, self.pad_y)
 
     @functools.cached_property
     def vector(self) -> list[float]:
-        """The region as the kernel ops take it (``cuda/csrc`` cull_region.h), 22 floats: rotation (row-major),
-        translation, radius scale, near plane, the left/right/top/bottom slopes and their plane norms
-        ``(1 + slope^2) ** 0.5`` (as :func:`_meets` computes them)."""
+        """The region as the kernel ops take it (``cuda/csrc`` cull_region.h), 25 floats: rotation (row-major),
+        translation, near plane, near factor, the left/right/top/bottom slopes, their side factors, the limits
+        and the slope depth (as :func:`_meets` takes them)."""
         rotation, translation = self.pose
-        sides = self.sides
-        values = [v for row in rotation for v in row] + list(translation)
-        return values + [self.radius_scale, self.near_plane, *sides, *((1.0 + s * s) ** 0.5 for s in sides)]
+        values = [v for row in rotation for v in row] + list(translation) + [self.near_plane, self.near_scale]
+        return values + [*self.sides, *self.side_scales, *self.limits, self.slope_depth]
 
     def planes(self) -> list[tuple[tuple[float, float, float], float, float]]:
-        """The five half-spaces in camera space as (normal n, |n|, bound b): a sphere is kept if n.p + rho |n| >= b."""
+        """The five half-spaces in camera space as (normal n, radius factor k, bound b): a row of 3-sigma radius r
+        is kept if n.p + k' r >= b with k' <= k (the near factor; a side's factor times the largest m)."""
         left, right, top, bottom = self.sides
+        scale_left, scale_right, scale_top, scale_bottom = (s * self.largest_factor for s in self.side_scales)
         return [
-            ((0.0, 0.0, 1.0), 1.0, self.near_plane),
-            ((1.0, 0.0, -left), (1.0 + left * left) ** 0.5, 0.0),
-            ((-1.0, 0.0, right), (1.0 + right * right) ** 0.5, 0.0),
-            ((0.0, 1.0, -top), (1.0 + top * top) ** 0.5, 0.0),
-            ((0.0, -1.0, bottom), (1.0 + bottom * bottom) ** 0.5, 0.0),
+            ((0.0, 0.0, 1.0), self.near_scale, self.near_plane),
+            ((1.0, 0.0, -left), scale_left, 0.0),
+            ((-1.0, 0.0, right), scale_right, 0.0),
+            ((0.0, 1.0, -top), scale_top, 0.0),
+            ((0.0, -1.0, bottom), scale_bottom, 0.0),
         ]
 
 
-def _meets(centres: Tensor, radii: Tensor, region: CullRegion) -> Tensor:
-    """Whether each sphere (centres [3, ...], 3-sigma radii [...]) meets ``region``, bool [...].
+def _sides(camera: Camera, pad_x: float, pad_y: float) -> tuple[float, float, float, float]:
+    """``camera``'s image widened by ``pad_x``, ``pad_y`` pixels: its left, right, top and bottom slopes."""
+    (fx, _, cx), (_, fy, cy), _ = camera.K.tolist()
+    left, right = (-pad_x - cx) / fx, (camera.width + pad_x - cx) / fx
+    top, bottom = (-pad_y - cy) / fy, (camera.height + pad_y - cy) / fy
+    return left, right, top, bottom
+
+
+def _meets(centres: Tensor, radii: Tensor, region: CullRegion, shift: float = 0.0) -> Tensor:
+    """Whether each sphere (centres [3, ...], 3-sigma radii [...]) meets ``region``, bool [...]; with ``shift``,
+    whether it may once its centre has moved by at most ``shift``: its slopes are then at most
+    ``(|x| + shift) / (z - shift)`` and each side's ``x - left z`` moves by at most ``shift (1 + left^2) ** 0.5``.
 
     Element-wise only (never a matrix product), in a fixed order of operations, so each row's answer does not
     depend on the other rows tested with it: the full scan, the block index and validation agree bit for bit.
+    Without ``shift`` these are cull_region.h's float32 operations in its order.
     """
     ((r00, r01, r02), (r10, r11, r12), (r20, r21, r22)), (t0, t1, t2) = region.pose
     cx, cy, cz = centres[0], centres[1], centres[2]
     x = cx * r00 + cy * r01 + cz * r02 + t0
     y = cx * r10 + cy * r11 + cz * r12 + t1
     z = cx * r20 + cy * r21 + cz * r22 + t2
-    radius = radii * region.radius_scale
+    slope_x, slope_y, depth = x.abs(), y.abs(), z
+    if shift:
+        slope_x, slope_y, depth = slope_x + shift, slope_y + shift, z - shift
+    lim_x, lim_y = region.limits
+    own = depth >= region.slope_depth
+    ax = torch.where(own, torch.clamp(slope_x / depth, max=lim_x), lim_x)
+    ay = torch.where(own, torch.clamp(slope_y / depth, max=lim_y), lim_y)
+    spread = radii * torch.sqrt(1.0 + ax * ax + ay * ay)
+    near = region.near_plane - radii * region.near_scale
+    reach = [spread * scale for scale in region.side_scales]
+    if shift:
+        near = near - shift
+        reach = [r + shift * math.hypot(1.0, side) for r, side in zip(reach, region.sides)]
     left, right, top, bottom = region.sides
-    inside = z >= region.near_plane - radius
-    inside &= (x - left * z) >= -radius * (1.0 + left * left) ** 0.5
-    inside &= (right * z - x) >= -radius * (1.0 + right * right) ** 0.5
-    inside &= (y - top * z) >= -radius * (1.0 + top * top) ** 0.5
-    inside &= (bottom * z - y) >= -radius * (1.0 + bottom * bottom) ** 0.5
+    inside = z >= near
+    inside &= (x - left * z) >= -reach[0]
+    inside &= (right * z - x) >= -reach[1]
+    inside &= (y - top * z) >= -reach[2]
+    inside &= (bottom * z - y) >= -reach[3]
     return inside
 
 
@@ -194,7 +243,7 @@ def block_coefficients(region: CullRegion, magnitude: float) -> Tensor:
     the box corners' min and max weights [6], the radius factor and the offset with its slack."""
     (r0, r1, r2), translation = region.pose
     coefficients = []
-    for (n0, n1, n2), norm, bound in region.planes():
+    for (n0, n1, n2), scale, bound in region.planes():
         world = [n0 * r0[j] + n1 * r1[j] + n2 * r2[j] for j in range(3)]
         spread = abs(n0) * sum(map(abs, r0)) + abs(n1) * sum(map(abs, r1)) + abs(n2) * sum(map(abs, r2))
         offset = n0 * translation[0] + n1 * translation[1] + n2 * translation[2]
@@ -203,7 +252,7 @@ def block_coefficients(region: CullRegion, magnitude: float) -> Tensor:
             [min(w, 0.0) for w in world]
             + [max(w, 0.0) for w in world]
             + [
-                region.radius_scale * (1.0 + _BLOCK_SLACK) * norm,
+                scale * (1.0 + _BLOCK_SLACK),
                 offset - bound + _BLOCK_SLACK * (reach + spread * magnitude),
             ]
         )
@@ -290,12 +339,14 @@ class _Blocks:
     def meeting(self, region: CullRegion) -> Tensor:
         """Blocks whose bounds may meet ``region``, bool [B]: one float64 product [5, 8] x [8, B].
 
-        For a plane n.p + rho |n| >= b (p = R c + t in camera space, m = R^T n), the largest n.p over the box
-        [lo, hi] is sum_j max(m_j, 0) hi_j + min(m_j, 0) lo_j, plus n.t. A block is skipped only when that, plus
-        its radius term, falls short of b by more than ``_BLOCK_SLACK`` times the magnitudes the per-row float32
-        test adds (sum_ij |n_i R_ij| times the largest finite |coordinate|, |n|.|t|, the radius term, |b|), far
-        above that test's rounding: a block holding a row the per-row test keeps is never skipped. Bounds that
-        are NaN or infinite (such a row) make the product NaN or +inf, so their blocks are never skipped.
+        For a plane n.p + k r >= b (p = R c + t in camera space, k the plane's largest factor of any row,
+        ``CullRegion.planes``, so the block's largest radius bounds every row's own term; m = R^T n), the largest
+        n.p over the box [lo, hi] is sum_j max(m_j, 0) hi_j + min(m_j, 0) lo_j, plus n.t. A block is skipped only
+        when that, plus its radius term, falls short of b by more than ``_BLOCK_SLACK`` times the magnitudes the
+        per-row float32 test adds (sum_ij |n_i R_ij| times the largest finite |coordinate|, |n|.|t|, the radius
+        term, |b|), far above that test's rounding: a block holding a row the per-row test keeps is never skipped.
+        Bounds that are NaN or infinite (such a row) make the product NaN or +inf, so their blocks are never
+        skipped.
         """
         coefficients = block_coefficients(region, self.magnitude).to(self.bounds.device)
         return ~((coefficients @ self.bounds).amin(dim=0) < 0)
@@ -351,14 +402,14 @@ class BoundingSpheres:
 
     def meets(self, region: CullRegion, rows: Tensor | None = None, grow: float = 1.0, shift: float = 0.0) -> Tensor:
         """Whether the spheres of ``rows`` (int64 [M]; all N if None) meet ``region``, bool [M]: the exact test.
-        ``grow`` and ``shift`` widen each radius to ``radius x grow + shift``: a sphere that holds wherever the row
-        can be once its radius grows by at most ``grow`` and its centre moves by at most ``shift``."""
+        With ``grow`` and ``shift``: whether it may, once its radius has grown by at most ``grow`` and its centre
+        moved by at most ``shift`` (a row's radius factor depends on where its centre is, :func:`_meets`)."""
         centres, radii = self.centres, self.radii
         if rows is not None:
             centres, radii = centres.index_select(1, rows), radii.index_select(0, rows)
-        if grow != 1.0 or shift != 0.0:
-            radii = radii * grow + shift
-        return _meets(centres, radii, region)
+        if grow != 1.0:
+            radii = radii * grow
+        return _meets(centres, radii, region, shift)
 
     def rows_in(self, region: CullRegion) -> Tensor:
         """The sorted rows whose sphere meets ``region``, int64 [M]: exactly ``nonzero(meets(region))``, in

@@ -26,8 +26,8 @@ class OdinRuntimeConfig:
         stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
         stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.
         max_staleness: the most steps a stale row may lag behind (throughput).
-        candidate_margin: widening of the drawable region C(t) is culled against (fraction of the image size), see
-            ``candidates.py``.
+        candidate_margin: widening of the drawable region C(t) is culled against (fraction of the image size; its
+            near plane moves by 1 + it times each radius), see ``CullRegion.widened``.
         near_plane: the rasterizer's near plane.
         wait_timeout_s: timeout of every blocking wait on the transport.
         record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).

@@ -28,7 +28,7 @@ def downscaled(camera: Camera, factor: int) -> Camera:
 def sphere_region(camera, margin: float = 0.1) -> CullRegion:
     """The frustum widened by ``margin`` of the image plus 2 px, spheres x (1 + margin): a sphere test that
     trusts the Gaussian's sphere, blind to gsplat's square radius box and to the render's resolution."""
-    return CullRegion(camera, margin * camera.width + 2.0, margin * camera.height + 2.0, 1.0 + margin, 0.01)
+    return CullRegion.sphere(camera, margin * camera.width + 2.0, margin * camera.height + 2.0, 1.0 + margin, 0.01)
 
 
 @pytest.mark.parametrize("size", [(540, 960), (67, 120), (120, 67)])

@@ -1,8 +1,12 @@
-"""The cheap escape check is sound: the drawable region holds every Gaussian the projection draws, the block index
-culls exactly what the full scan does, and validation with an EscapeCheck finds exactly the escapes of the
-projection of every row, on random, synthetic-street and real configurations."""
+"""The cheap escape check is sound: the drawable region holds every Gaussian the projection draws (with each row's
+own radius factor, tight off the corners and near the camera, smaller beside the image), the block index culls
+exactly what the full scan does, and validation with an EscapeCheck finds exactly the escapes of the projection of
+every row, on random, synthetic-street and real configurations."""
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.rendering.rasterize import drawn_rows
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntimeConfig
+from odin_nerfstudio.scenes.close_cameras import pinhole
 from odin_nerfstudio.scenes.synth import intrinsics, street_rig_cameras, street_world
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.virtual import run_virtual
@@ -232,3 +237,113 @@ def test_a_view_rendered_here_is_predicted_by_its_active_rows_and_projected_once
     runtime.expect([Task(7, 0, 0, first.view, first.camera)])
     runtime.remote.writes(before_step=8, published_through=0)
     assert runtime.remote.projections == 3  # both views projected again, the still-expected one once for two steps
+
+
+def beside(camera: Camera, side: str, depths: list[float], scale: float, distance: float) -> dict[str, Tensor]:
+    """Round Gaussians (scale ``scale`` x depth) beyond one side of ``camera``'s drawable region, at mid-height
+    (left, right) or mid-width (top, bottom), at ``distance`` x their 3-sigma radius x the region's largest
+    factor from the side's half-plane (camera at the origin, looking down +z)."""
+    region = CullRegion.drawable(camera)
+    index = ("left", "right", "top", "bottom").index(side)
+    slope, factor = region.sides[index], region.side_scales[index] * region.largest_factor
+    means = []
+    for z in depths:
+        gap = distance * factor * 3.0 * scale * z
+        along = slope * z + (gap if side in ("right", "bottom") else -gap)
+        means.append([along, 0.0, z] if side in ("left", "right") else [0.0, along, z])
+    count = len(depths)
+    scales = torch.tensor(depths).log()[:, None].expand(count, 3) + math.log(scale)
+    quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * count)
+    return {"means": torch.tensor(means), "scales": scales.contiguous(), "quats": quats}
+
+
+@pytest.mark.parametrize("side", ["left", "right", "top", "bottom"])
+def test_a_row_beside_the_image_takes_its_own_radius_factor(side: str) -> None:
+    """A row beside the image at mid-height (or mid-width) has slopes x / z ~ the side's and y / z ~ 0: its radius box
+    is about sqrt(1 + side^2) times its sphere, not the image's worst case sqrt(1 + Lx^2 + Ly^2) (a portrait 60-degree
+    camera: 1.2 beside the left and right sides, 1.5 above and below, against 1.8). Rows between the two bounds are kept
+    by the image-wide factor, dropped by the row's own, and the projection indeed does not draw them."""
+    camera = pinhole(540, 960, 60.0, torch.eye(4))
+    rows = beside(camera, side, [0.05, 0.3, 1.0, 4.0], scale=0.02, distance=0.95)
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    region = CullRegion.drawable(camera)
+    image_wide = dataclasses.replace(region, slope_depth=math.inf)
+    assert bool(bounds.meets(image_wide).all()), "the image-wide factor should keep every row"
+    assert not bool(bounds.meets(region).any()), "the row's own factor should drop every row"
+    assert not bool(drawn_rows(camera, rows).any()), "a dropped row is drawn"
+
+
+def off_the_corners(camera: Camera, count: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """Gaussians near the camera plane (depth 0.01 to 1) off the corners and beside the sides of ``camera``'s
+    image (slopes 0.8 to 1.6 times the image's), scales from 0.02 to 2 times their depth, most round, some flat or
+    long: rows whose radius box just reaches the image."""
+    (fx, _, cx), (_, fy, cy), _ = camera.K.tolist()
+    corner = torch.tensor([max(cx, camera.width - cx) / fx, max(cy, camera.height - cy) / fy])
+    slopes = corner * torch.empty(count, 2).uniform_(0.8, 1.6, generator=generator)
+    slopes *= torch.randint(0, 2, (count, 2), generator=generator) * 2.0 - 1.0
+    beside = torch.rand(count, generator=generator) < 0.3
+    slopes[beside, 1] *= torch.rand(int(beside.sum()), generator=generator) * 0.2
+    depth = torch.exp(torch.empty(count).uniform_(math.log(0.01), 0.0, generator=generator))
+    size = torch.exp(torch.empty(count).uniform_(math.log(0.02), math.log(2.0), generator=generator))
+    shape = torch.randn(count, 3, generator=generator) * (torch.rand(count, 1, generator=generator) < 0.3) * 2.0
+    means = torch.cat([slopes * depth[:, None], depth[:, None]], dim=1)
+    scales = torch.log(depth * size)[:, None] + shape
+    return {"means": means, "scales": scales, "quats": torch.randn(count, 4, generator=generator)}
+
+
+@pytest.mark.parametrize(("camera", "tightness"), [("portrait", 0.9), ("off-centre", 0.8)])
+def test_rows_off_the_corners_and_near_the_camera_are_kept(camera: str, tightness: float) -> None:
+    """The adversarial rows of the per-row factor: near the camera plane and off the corners (both slopes large,
+    clamped to the projection's limits), where a round Gaussian's radius box is about the bound. Every drawn row is
+    kept, and the bound is tight: side factors ``tightness`` times as large miss some drawn rows (off-centre, with
+    fx != fy, the bound is looser: f / fy on the top and bottom, the larger limit on both sides)."""
+    generator = torch.Generator().manual_seed(3)
+    if camera == "portrait":
+        render = pinhole(540, 960, 60.0, torch.eye(4))
+    else:
+        K = torch.tensor([[300.0, 0.0, 50.0], [0.0, 260.0, 150.0], [0.0, 0.0, 1.0]])
+        render = Camera(torch.eye(4), K, 160, 200)
+    rows = off_the_corners(render, 6000, generator)
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    region = CullRegion.drawable(render)
+    visible = drawn_rows(render, rows)
+    kept = bounds.meets(region)
+    assert not bool((visible & ~kept).any()), f"{int((visible & ~kept).sum())} drawn rows outside"
+    assert torch.equal(bounds.rows_in(region), torch.nonzero(kept).flatten())
+    narrower = dataclasses.replace(region, side_scales=tuple(tightness * s for s in region.side_scales))
+    assert bool((visible & ~bounds.meets(narrower)).any()), "no drawn row tests the factor"
+    assert bool((~kept).any()), "the bound culls nothing"
+
+
+def test_a_row_that_may_move_takes_the_factor_of_where_it_may_be() -> None:
+    """A row's own factor holds where it is, not where a publication may move it: a large Gaussian beside the image at
+    mid-height, close to the camera, reaches further once it moves up (its y / z grows from 0 to 1). The reach test (a
+    shift) keeps it; the same sphere grown by the shift but with the factor of where it is would not. A row behind the
+    near plane that may move in front of it is kept too. And on random rows moved at random, the reach test keeps every
+    row that meets the region once moved."""
+    camera = pinhole(540, 960, 60.0, torch.eye(4))
+    region = CullRegion.drawable(camera).widened(0.1)
+    depth, shift, radius = 0.05, 0.05, 1.0
+    centre = torch.tensor([[region.sides[0] * depth - 1.5, 0.0, depth]])
+    scales = torch.full((1, 3), radius / 3.0)
+    bounds = BoundingSpheres.of(centre, scales)
+    moved = BoundingSpheres.of(centre + torch.tensor([[0.0, shift, 0.0]]), scales)
+    assert not bool(bounds.meets(region).any()) and bool(moved.meets(region).all())
+    assert bool(bounds.meets(region, shift=shift).all())
+    assert not bool(bounds.meets(region, grow=(radius + shift) / radius).any())
+    behind = torch.tensor([[0.0, 0.0, region.near_plane - region.near_scale * 0.01 - 0.5 * shift]])
+    bounds = BoundingSpheres.of(behind, torch.full((1, 3), 0.01 / 3.0))
+    assert not bool(bounds.meets(region).any()) and bool(bounds.meets(region, shift=shift).all())
+    generator = torch.Generator().manual_seed(5)
+    rows = off_the_corners(camera, 3000, generator)
+    bounds = BoundingSpheres.of(rows["means"], torch.exp(rows["scales"]))
+    shift, grow = 0.02, 1.2
+    reach = bounds.meets(region, grow=grow, shift=shift)
+    met = torch.zeros_like(reach)
+    for _ in range(10):
+        step = torch.randn(3000, 3, generator=generator)
+        step *= shift * torch.rand(3000, 1, generator=generator) / step.norm(dim=1, keepdim=True)
+        growth = 1.0 + (grow - 1.0) * torch.rand(3000, 1, generator=generator)
+        met |= BoundingSpheres.of(rows["means"] + step, torch.exp(rows["scales"]) * growth).meets(region)
+    assert bool(met.any()) and not bool((met & ~reach).any())
+    assert bool((reach & ~bounds.meets(region, grow=grow)).any()), "the shift widens nothing"
