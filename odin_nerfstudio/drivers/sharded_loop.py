@@ -7,8 +7,9 @@ exchange of its own where step s fetches nothing); (2) in quality-first, the cle
 up to s + K - 1 culled (K ring slots: a step is read once the step K before it is published), before step s is
 published; (3) its tasks of step s rendered; (4) the return of step s started, carrying the clean parts culled in
 (2), then the clean parts that came earlier taken; (5) while the return travels, the tasks of the steps fetched
-ahead that no owner is unsure of (running ahead of the publications, exact); (6) the owners' publication of step
-s. Barrier fetches step s + 1 only
+ahead that no owner is unsure of (running ahead of the publications, exact), unless step s + 1's rest is to be
+fetched: a rank rendering ahead then would publish step s, and start that exchange, a render later, and every rank
+waits for it; its sure tasks render while the rest travels instead; (6) the owners' publication of step s. Barrier fetches step s + 1 only
 after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so every rank
 knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in the same
 order on every rank, whatever each one's tasks). Throughput-first looks one step ahead (K = 2's order).
@@ -185,8 +186,12 @@ class ShardedLoop:
                 self._finish_clean(self._inflight.pop(ahead_step))
         held = fetched.nbytes + sum(ahead.fetched.nbytes for ahead in self._ahead.values())
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
+        # A rank that renders ahead here publishes step s, and so starts the rest of step s + 1, that much later,
+        # and every rank waits for that exchange: where it comes, the sure tasks render while it travels (_fetch).
+        following = self._ahead.get(step + 1)
+        sure = following is None or none_of(following.rest_needed())
         for ahead_step in sorted(self._ahead):
-            self._run_ahead(ahead_step, self._ahead[ahead_step])
+            self._run_ahead(ahead_step, self._ahead[ahead_step], sure)
         by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
         if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
@@ -236,13 +241,15 @@ class ShardedLoop:
             carrier.parts = self._wait(carrier.handle, step, reason)
         return carrier.parts
 
-    def _run_ahead(self, step: int, ahead: Ahead) -> None:
+    def _run_ahead(self, step: int, ahead: Ahead, sure: bool) -> None:
         """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
-        published: those no owner is unsure of, and in throughput-first those admitted to read stale."""
+        published: those no owner is unsure of (if ``sure``), and in throughput-first those admitted to read stale."""
         for task in self._tasks(step)[self.rank]:
             if task.index in ahead.fetched.started:
                 continue
             if not ahead.fetched.unsure[task.index]:
+                if not sure:
+                    continue
                 self._run(ahead.fetched, task)
             elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
                 self._run(ahead.stale, task)
@@ -337,18 +344,29 @@ class ShardedLoop:
         if none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
             riding, _ = self._start_ahead(step, None)
             return ahead.fetched, riding
-        received, riding = self._fetch_with_ahead(step, self.owner.serve(rest), f"fetch of the rest of step {step}")
-        ahead.fetched.add(received, self.owner.params)
-        self.counters.rest_fetches += 1
-        return ahead.fetched, riding
+        fetched = ahead.fetched
 
-    def _fetch_with_ahead(self, step: int, pieces: list[Rows], what: str) -> tuple[list[Rows], list[CleanPart]]:
-        """One fetch of ``step`` (``pieces`` served), waited for, with step + 1's clean part riding on it: the rows
-        received, and the clean parts to ride on the return."""
+        def sure() -> None:  # while the rest travels, the tasks that need none of it
+            for task in tasks[self.rank]:
+                if task.index not in fetched.started and not anyone[self.rank][task.index]:
+                    self._run(fetched, task)
+
+        what = f"fetch of the rest of step {step}"
+        received, riding = self._fetch_with_ahead(step, self.owner.serve(rest), what, sure)
+        fetched.add(received, self.owner.params)
+        self.counters.rest_fetches += 1
+        return fetched, riding
+
+    def _fetch_with_ahead(
+        self, step: int, pieces: list[Rows], what: str, meanwhile: Callable[[], None] = lambda: None
+    ) -> tuple[list[Rows], list[CleanPart]]:
+        """One fetch of ``step`` (``pieces`` served) with step + 1's clean part riding on it, ``meanwhile`` run
+        while it travels, then waited for: the rows received, and the clean parts to ride on the return."""
         riding, first = self._start_ahead(step, pieces)
         carrier = Carrier(self.exchange.start(pieces if first is None else first.pieces(pieces), what))
         if first is not None:
             first.carrier = carrier
+        meanwhile()
         parts = self._carried(carrier, step, "fetch")
         return self._counted(pieces, [main_of(part) for part in parts]), riding
 
