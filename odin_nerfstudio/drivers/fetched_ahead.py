@@ -37,6 +37,13 @@ class Ahead:
     failed: list[list[bool]] | None = None
     held: list[int] | None = None
 
+    def rest_needed(self) -> list[list[bool]]:
+        """Per rank and task, whether it waits for the rest of its rows (as far as known before the stale reads'
+        verdicts): any owner held rows of it back, and it does not read them stale."""
+        if self.admitted is None:
+            return self.anyone
+        return [[d and not a for d, a in zip(doubts, admits)] for doubts, admits in zip(self.anyone, self.admitted)]
+
 
 @dataclass
 class Carrier:

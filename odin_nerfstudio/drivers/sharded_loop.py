@@ -2,12 +2,14 @@
 rank (``runtime/sharding.py`` says what each side does).
 
 Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality, throughput), else the
-whole fetch; (2) in quality-first, the clean part of step s + K - 1 culled (K ring slots: a step is read once the
-step K before it is published), each of its tasks with an "unsure" flag, before step s is published (and, at the
-start or after a step that settles, step s + 1's started on an exchange of its own); (3) its tasks of step s
-rendered; (4) the return of step s started, carrying the clean parts culled in (2), then the clean parts that came
-earlier taken; (5) while the return travels, the tasks of the steps fetched ahead that no owner is unsure of
-(running ahead of the publications, exact); (6) the owners' publication of step s. Barrier fetches step s + 1 only
+whole fetch, with the clean part of step s + 1 riding on it (each of its tasks with an "unsure" flag; on an
+exchange of its own where step s fetches nothing); (2) in quality-first, the clean parts of the steps after s + 1
+up to s + K - 1 culled (K ring slots: a step is read once the step K before it is published), before step s is
+published; (3) its tasks of step s rendered; (4) the return of step s started, carrying the clean parts culled in
+(2), then the clean parts that came earlier taken; (5) while the return travels, the tasks of the steps fetched
+ahead that no owner is unsure of (running ahead of the publications, exact), unless step s + 1's rest is to be
+fetched: a rank rendering ahead then would publish step s, and start that exchange, a render later, and every rank
+waits for it; its sure tasks render while the rest travels instead; (6) the owners' publication of step s. Barrier fetches step s + 1 only
 after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so every rank
 knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in the same
 order on every rank, whatever each one's tasks). Throughput-first looks one step ahead (K = 2's order).
@@ -167,8 +169,7 @@ class ShardedLoop:
     def iteration(self, step: int) -> None:
         """Run step ``step`` on this rank (see the module)."""
         tasks = self._tasks(step)
-        fetched = self._fetch(step, tasks)
-        riding = self._start_ahead(step)  # step + 1's in flight while this step's tasks render; later ones culled
+        fetched, riding = self._fetch(step, tasks)  # later steps' clean parts culled, to ride on the return
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
@@ -185,8 +186,12 @@ class ShardedLoop:
                 self._finish_clean(self._inflight.pop(ahead_step))
         held = fetched.nbytes + sum(ahead.fetched.nbytes for ahead in self._ahead.values())
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
+        # A rank that renders ahead here publishes step s, and so starts the rest of step s + 1, that much later,
+        # and every rank waits for that exchange: where it comes, the sure tasks render while it travels (_fetch).
+        following = self._ahead.get(step + 1)
+        sure = following is None or none_of(following.rest_needed())
         for ahead_step in sorted(self._ahead):
-            self._run_ahead(ahead_step, self._ahead[ahead_step])
+            self._run_ahead(ahead_step, self._ahead[ahead_step], sure)
         by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
         if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
@@ -205,26 +210,30 @@ class ShardedLoop:
                 self._flush_gain()
         self._ranks_of.pop(step, None)
 
-    def _start_ahead(self, step: int) -> list[CleanPart]:
+    def _start_ahead(self, step: int, fetch: list[Rows] | None) -> tuple[list[CleanPart], CleanPart | None]:
         """Cull the clean parts of the steps after ``step`` up to ``depth`` ahead (not past the last step nor across
-        a step that settles) that are not on their way yet: step + 1's starts now on an exchange of its own (it
-        runs ahead in this iteration); the later ones are returned, to ride on this step's return (they run ahead
-        in a later iteration, and a return is on its way anyway)."""
-        riding = []
+        a step that settles) that are not on their way yet. Step + 1's runs ahead in this iteration: it rides on
+        ``fetch`` (step ``step``'s fetch, about to start: one exchange's latency saved) and is returned second, or
+        where step ``step`` fetches nothing it starts now on an exchange of its own. The later ones are returned
+        first, to ride on this step's return (they run ahead in a later iteration, and a return is on its way)."""
+        riding, first = [], None
         for ahead_step in range(step + 1, min(step + self.depth, self.last_step) + 1):
             if self.settles(ahead_step - 1):
                 break
             if ahead_step in self._inflight or ahead_step in self._ahead:
                 continue
-            if ahead_step == step + 1:
+            if ahead_step == step + 1 and fetch is None:
                 clean = self._cull_ahead(ahead_step, "")
                 what = f"fetch of the clean part of step {ahead_step}"
                 clean.carrier = Carrier(self.exchange.start(clean.pieces(), what))
             else:
                 clean = self._cull_ahead(ahead_step, f"ahead{ahead_step}")
-                riding.append(clean)
+                if ahead_step == step + 1:
+                    first = clean
+                else:
+                    riding.append(clean)
             self._inflight[ahead_step] = clean
-        return riding
+        return riding, first
 
     def _carried(self, carrier: Carrier, step: int, reason: str) -> list[Rows]:
         """What ``carrier`` brought, waited for once (during ``step``, for ``reason``)."""
@@ -232,13 +241,15 @@ class ShardedLoop:
             carrier.parts = self._wait(carrier.handle, step, reason)
         return carrier.parts
 
-    def _run_ahead(self, step: int, ahead: Ahead) -> None:
+    def _run_ahead(self, step: int, ahead: Ahead, sure: bool) -> None:
         """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
-        published: those no owner is unsure of, and in throughput-first those admitted to read stale."""
+        published: those no owner is unsure of (if ``sure``), and in throughput-first those admitted to read stale."""
         for task in self._tasks(step)[self.rank]:
             if task.index in ahead.fetched.started:
                 continue
             if not ahead.fetched.unsure[task.index]:
+                if not sure:
+                    continue
                 self._run(ahead.fetched, task)
             elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
                 self._run(ahead.stale, task)
@@ -301,13 +312,14 @@ class ShardedLoop:
         self.counters.task_rows += int(((fetched.masks >> task.index) & 1).sum())
         self.reader.run(fetched, task)
 
-    def _fetch(self, step: int, tasks: Sequence[Sequence[Task]]) -> FetchedStep:
+    def _fetch(self, step: int, tasks: Sequence[Sequence[Task]]) -> tuple[FetchedStep, list[CleanPart]]:
         """Step ``step``'s rows for this rank's tasks, every earlier step published: the whole read, or the rest
-        of a read fetched ahead (for the tasks that waited, and those read stale that must be re-run)."""
+        of a read fetched ahead (for the tasks that waited, and those read stale that must be re-run); and the
+        clean parts of later steps that are to ride on its return (:meth:`_start_ahead`)."""
         if step not in self._ahead:
             pieces = self.owner.serve(self.owner.cull(step, tasks))
-            received = self._exchange(pieces, f"fetch of step {step}", step)
-            return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank]))
+            received, riding = self._fetch_with_ahead(step, pieces, f"fetch of step {step}")
+            return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank])), riding
         ahead = self._ahead.pop(step)
         need, anyone = ahead.unsure, ahead.anyone
         if ahead.admitted is not None:
@@ -329,11 +341,34 @@ class ShardedLoop:
                     ahead.fetched.started.discard(index)
                     self.counters.reruns += 1
         rest = self.owner.cull_rest(step, tasks, need)
-        if not none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
-            received = self._exchange(self.owner.serve(rest), f"fetch of the rest of step {step}", step)
-            ahead.fetched.add(received, self.owner.params)
-            self.counters.rest_fetches += 1
-        return ahead.fetched
+        if none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
+            riding, _ = self._start_ahead(step, None)
+            return ahead.fetched, riding
+        fetched = ahead.fetched
+
+        def sure() -> None:  # while the rest travels, the tasks that need none of it
+            for task in tasks[self.rank]:
+                if task.index not in fetched.started and not anyone[self.rank][task.index]:
+                    self._run(fetched, task)
+
+        what = f"fetch of the rest of step {step}"
+        received, riding = self._fetch_with_ahead(step, self.owner.serve(rest), what, sure)
+        fetched.add(received, self.owner.params)
+        self.counters.rest_fetches += 1
+        return fetched, riding
+
+    def _fetch_with_ahead(
+        self, step: int, pieces: list[Rows], what: str, meanwhile: Callable[[], None] = lambda: None
+    ) -> tuple[list[Rows], list[CleanPart]]:
+        """One fetch of ``step`` (``pieces`` served) with step + 1's clean part riding on it, ``meanwhile`` run
+        while it travels, then waited for: the rows received, and the clean parts to ride on the return."""
+        riding, first = self._start_ahead(step, pieces)
+        carrier = Carrier(self.exchange.start(pieces if first is None else first.pieces(pieces), what))
+        if first is not None:
+            first.carrier = carrier
+        meanwhile()
+        parts = self._carried(carrier, step, "fetch")
+        return self._counted(pieces, [main_of(part) for part in parts]), riding
 
     def _cull_ahead(self, step: int, tag: str) -> CleanPart:
         """Cull step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure flags (set
@@ -401,10 +436,6 @@ class ShardedLoop:
         ``reason`` wait)."""
         parts = self._wait(self.exchange.start([{"ids": values}] * self.owner.cuts.num_shards, what), step, reason)
         return [part["ids"] for part in parts]
-
-    def _exchange(self, pieces: Sequence[Rows], what: str, step: int) -> list[Rows]:
-        """One all-to-all of served rows during ``step``, waited for; counts the rows served and fetched."""
-        return self._counted(pieces, self._wait(self.exchange.start(pieces, what), step, "fetch"))
 
     def _counted(self, served: Sequence[Rows], received: list[Rows]) -> list[Rows]:
         """``received``, the rows a fetch that served ``served`` brought; counts both."""

@@ -9,6 +9,7 @@ import os
 import threading
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -323,13 +324,23 @@ def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barri
 def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers: int) -> None:
     """K = 2 (one step fetched ahead). Learning rates of a real run's size (the toy's x 0.02), so that one
     publication moves a row a little: tasks far from the previous step's rows are sure of their C(t) before it is
-    published (a narrow field of view: on 8 px images the drawable region's pixel pad is half the image)."""
-    schedule = make_schedule(STEPS, workers, 2, 8 * workers, focal_scale=2.5)
+    published (a narrow field of view: on 8 px images the drawable region's pixel pad is half the image). A step
+    whose rest is fetched runs none of its tasks ahead: they render while the rest travels (a rank rendering ahead
+    would start that exchange late, for every rank)."""
+    schedule = make_schedule(STEPS, workers, 1, 32, focal_scale=6.0)
     cuts = ShardCuts.even(120, workers)
     barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
-    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, ring_slots=2)
+    logs: list[list[str]] = [[] for _ in range(workers)]
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, ring_slots=2, logs=logs)
     assert_identical(quality, barrier)
     assert sum(loop.counters.ran_ahead for loop in loops) > 0
+    rested = {int(what.rsplit(" ", 1)[1]) for what in logs[0] if what.startswith("fetch of the rest of step")}
+    assert rested, "some step's tasks waited for the rest of their rows"
+    for loop in loops:
+        events = loop.reader.meter.timeline.events
+        published = {event.step: event.start_ns for event in events if event.name == "publish"}
+        early = {e.step for e in events if e.name == "render" and e.start_ns < published.get(e.step - 1, -1)}
+        assert not early & rested, "a step whose rest was fetched ran a task ahead"
     # With the adaptive rule, a step's gain is set only once the next return is in: the clean parts culled before
     # then bound the publication's movement with the largest gain, and the reads still run ahead exactly.
     gain = AdaptiveGain(workers * 2)
@@ -341,18 +352,28 @@ def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers:
     assert len(averages) == 1 and averages != {(0.0, 0.0)}, "every owner observed the same gradients"
 
 
-def test_sharded_quality_fetches_less_far_ahead_where_few_tasks_are_sure() -> None:
+def test_sharded_quality_fetches_less_far_ahead_where_few_tasks_are_sure(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a dense ring most tasks of a step culled three steps ahead are unsure: the loop fetches one step ahead
-    then, alike on every rank, and still equals the barrier."""
-    schedule = make_schedule(10, 2, 1, 32, focal_scale=4.0)
+    then, alike on every rank, and still equals the barrier; the next step's clean part rides on each step's fetch,
+    so a step makes at most two exchanges, as the barrier's does."""
+    schedule = make_schedule(10, 2, 1, 32, focal_scale=6.0)
     cuts = ShardCuts.even(120, 2)
     barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
+    depths: list[tuple[int, int]] = []
+    start_ahead = ShardedLoop._start_ahead
+
+    def recorded(loop: ShardedLoop, step: int, fetch: Any) -> Any:
+        depths.append((loop.rank, loop.depth))
+        return start_ahead(loop, step, fetch)
+
+    monkeypatch.setattr(ShardedLoop, "_start_ahead", recorded)
     logs: list[list[str]] = [[], []]
     quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, logs=logs)
     assert_identical(quality, barrier)
     assert logs[0] == logs[1], "every rank set the same depth: the same exchanges"
-    own = [what for what in logs[0] if what.startswith("fetch of the clean part")]
-    assert len(own) > 1, "at depth 1 the next step's clean part takes an exchange of its own each step"
+    assert [d for r, d in depths if r == 0] == [d for r, d in depths if r == 1]
+    assert 1 in {d for _, d in depths} and loops[0].deepest == 3, "fewer than half sure: one step ahead"
+    assert len(logs[0]) <= 2 * len(schedule), "the clean part rode on the fetch: at most two exchanges a step"
     assert sum(loop.counters.ran_ahead for loop in loops) > 0
 
 
@@ -371,10 +392,10 @@ def test_sharded_quality_fetches_k_minus_1_steps_ahead_and_still_equals_the_barr
     assert_identical(quality, barrier)
     assert all(loop.deepest == 3 for loop in loops)
     assert max(loop.counters.most_ahead for loop in loops) >= 2, "a task ran with two steps before it unpublished"
-    # Step 1's clean part on its own exchange, those of steps 2 and 3 on the return of step 0, and from then on
+    # Step 1's clean part on the fetch of step 0, those of steps 2 and 3 on the return of step 0, and from then on
     # each step's return carries the clean part K - 1 steps ahead: no exchange of its own.
-    assert logs[0][:3] == ["fetch of step 0", "fetch of the clean part of step 1", "return of step 0"]
-    assert not any(what.startswith("fetch of the clean part") for what in logs[0][3:])
+    assert logs[0][:2] == ["fetch of step 0", "return of step 0"]
+    assert not any(what.startswith("fetch of the clean part") for what in logs[0])
 
 
 def test_sharded_quality_skips_the_rest_fetch_where_no_owner_held_a_row_back() -> None:
