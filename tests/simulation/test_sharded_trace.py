@@ -119,7 +119,7 @@ def test_real_sharded_ranks_and_the_simulator_take_the_same_decisions(mode: str)
     whats = {d.detail[0].rsplit(" of step", 1)[0] for trace in actual for d in trace if d.kind == "exchange"}
     assert {"fetch", "return"} <= whats and sum(d.kind == "render" for d in actual[0]) == STEPS * PER_WORKER
     if mode != "barrier":  # tasks ran ahead of an unpublished step on both sides, and some waited for the rest
-        assert {"fetch of the clean part", "fetch of the rest"} <= whats
+        assert "fetch of the rest" in whats  # the clean parts ride on the fetches and returns
         assert all(c.ran_ahead > 0 for c in counters)
         assert any(c.ran_ahead < STEPS * PER_WORKER - PER_WORKER for c in counters)
     if mode == "throughput":
