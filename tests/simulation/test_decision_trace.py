@@ -44,11 +44,12 @@ def every_row_written(task, leaves, generator):
     return loss + 1e-9 * sum(leaf.sum() for leaf in leaves.values()), None
 
 
-def scene_workload() -> tuple[Workload, dict]:
-    """The toy scene's views as a workload: C(v) culled by the runtime's own index on the initial model."""
+def scene_workload(focal_scale: float = 0.75) -> tuple[Workload, dict]:
+    """The toy scene's views (``toy.camera``'s ``focal_scale``) as a workload: C(v) culled by the runtime's own
+    index on the initial model."""
     params = toy.make_params(num_gaussians=200)
     index = toy.make_runtime(OdinRuntimeConfig(), params).index
-    cameras = {v: toy.camera(v, VIEWS) for v in range(VIEWS)}
+    cameras = {v: toy.camera(v, VIEWS, focal_scale=focal_scale) for v in range(VIEWS)}
     sets = [index.candidates(Task(0, 0, 0, v, cameras[v])) for v in range(VIEWS)]
     rlg = RelativeLocalityGraph.from_point_sets([s.numpy() for s in sets])
     pixels = np.full(VIEWS, toy.IMAGE * toy.IMAGE, dtype=np.int64)

@@ -34,6 +34,9 @@ from tests.simulation.test_decision_trace import PER_WORKER, STEPS, WORKERS, eve
 COSTS = CostModel(task=LinearFit(0.01, (0.0, 0.0), 1.0, 1), bookkeeping_s=0.0, publish=LinearFit(0.002, (1e-5,), 1, 1))
 LINK = Interconnect("slow", latency_s=0.004, bandwidth_bytes_per_s=1e6)
 MODES = ("barrier", "quality", "throughput")
+FOCAL = 1.5
+"""The toy ring's focal length in image widths: views that share some rows, so that some steps' tasks are all sure
+of their C(t) (they run ahead) and others wait for the rest of their rows."""
 
 
 def config(mode: str, **changes: float) -> OdinRuntimeConfig:
@@ -112,7 +115,7 @@ def real_traces(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_real_sharded_ranks_and_the_simulator_take_the_same_decisions(mode: str) -> None:
-    workload, cameras = scene_workload()
+    workload, cameras = scene_workload(FOCAL)
     simulation = simulated(mode, workload)
     predicted = [list(trace) for trace in simulation.run().decisions]
     actual, counters = real_traces(mode, cameras, simulation)
@@ -130,7 +133,7 @@ def test_real_sharded_ranks_and_the_simulator_take_the_same_decisions(mode: str)
 def test_three_steps_fetched_ahead_take_the_same_decisions_in_the_simulator() -> None:
     """Quality-first at K = 4: three clean parts in flight, each culled against every unpublished step, the later
     ones riding on the returns."""
-    workload, cameras = scene_workload()
+    workload, cameras = scene_workload(FOCAL)
     simulation = simulated("quality", workload, ring_slots=4)
     predicted = [list(trace) for trace in simulation.run().decisions]
     actual, _ = real_traces("quality", cameras, simulation, ring_slots=4)
@@ -143,7 +146,7 @@ def test_three_steps_fetched_ahead_take_the_same_decisions_in_the_simulator() ->
 def test_a_rule_changed_on_one_side_only_changes_its_trace() -> None:
     """Not vacuous: the simulator admitting no stale read (one rule changed, on its side only) decides otherwise
     than the real ranks that admit them."""
-    workload, cameras = scene_workload()
+    workload, cameras = scene_workload(FOCAL)
     actual, _ = real_traces("throughput", cameras, simulated("throughput", workload))
     changed = simulated("throughput", workload, stale_fraction=0.0)
     assert [list(trace) for trace in changed.run().decisions] != actual
@@ -152,7 +155,7 @@ def test_a_rule_changed_on_one_side_only_changes_its_trace() -> None:
 def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publication() -> None:
     """By hand: per step, the fetch (two collectives' latencies and the largest piece, 24 + VALUE_BYTES a row),
     the slower rank's render, the return (8 + VALUE_BYTES a row) and the slower owner's publication."""
-    workload, _ = scene_workload()
+    workload, _ = scene_workload(FOCAL)
     simulation = simulated("barrier", workload)
     simulation.measured = {(s, v): 0.01 + 0.02 * (v % 3) for s in range(STEPS) for v in range(workload.num_views)}
     cuts = simulation.cuts()
