@@ -135,14 +135,15 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     unpublished steps."""
     # The locality order, K = 2 for quality-first (one step fetched ahead): on this small street, in the regional
     # order (the sharded default) a worker's next view overlaps what the step before writes, and at K = 4 a task
-    # must be clear of three unpublished steps' writes; in either case no read runs ahead.
-    scene = make_scene(SynthConfig(preset="street", num_views=18, output=tmp_path / "street"))
+    # must be clear of three unpublished steps' writes; in either case no read runs ahead. A step runs ahead only
+    # where no task of it waits for the rest of its rows: 24 views along 90 m, so that some steps do.
+    scene = make_scene(SynthConfig(preset="street", num_views=24, street_length=90.0, output=tmp_path / "street"))
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
-    street += ["--pipeline.datamanager.schedule-order", "rlg"]
+    street += ["--pipeline.datamanager.schedule-order", "rlg", "--runtime.ring-slots", "2"]  # K orders the steps
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier"]
     train(scene, tmp_path, "virtual", *street, *virtual)
     for mode, link in (("barrier", "none"), ("quality", "pcie")):
-        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link, "--runtime.ring-slots", "2"]
+        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
         train(scene, tmp_path, mode, *street, *sharded, ranks=3)
         assert_same_params(checkpoint(tmp_path, mode), checkpoint(tmp_path, "virtual"))
     folder = run_folder(tmp_path, "quality")
