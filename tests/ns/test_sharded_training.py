@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,16 +35,40 @@ DENSIFY = [
 kept (a resume starts from the middle one)."""
 
 
-def train(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> str:
-    """Train ``name`` (ITERATIONS steps, a checkpoint every 7) with one intra-op thread per process; its output."""
+@dataclass
+class Started:
+    """A training command started (:func:`start`), to be waited for by :func:`finish`."""
+
+    name: str
+    process: subprocess.Popen
+
+
+def start(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> Started:
+    """Start training ``name`` (ITERATIONS steps, a checkpoint every 7) with one intra-op thread per process.
+    Runs started together overlap their start-ups and waits (the suite's time on 2 cores)."""
     command = command_line.train_command(
         "odin-splat", scene, output, flags.pop("iterations", ITERATIONS), ranks=ranks, experiment_name=name,
         steps_per_save=7, options=[*DENSIFY, *options], **flags,
     )  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result.stdout + result.stderr
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return Started(name, process)
+
+
+def finish(run: Started) -> str:
+    """Wait for ``run`` (at most 10 minutes); its output, once it succeeded."""
+    try:
+        stdout, stderr = run.process.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        run.process.kill()
+        stdout, stderr = run.process.communicate()
+    assert run.process.returncode == 0, f"{run.name} failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    return stdout + stderr
+
+
+def train(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> str:
+    """Train ``name`` (see :func:`start`) and wait for it; its output."""
+    return finish(start(scene, output, name, *options, ranks=ranks, **flags))
 
 
 def run_folder(output: Path, name: str) -> Path:
@@ -82,10 +107,14 @@ def assert_same_params(a: dict, b: dict) -> None:
 @pytest.mark.slow
 def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(tmp_path: Path) -> None:
     scene = real_scene("kermit_320")
-    train(scene, tmp_path, "virtual", "--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier", *REGIONS)
-    out = train(scene, tmp_path, "barrier", "--sharded", "True", "--runtime.mode", "barrier", ranks=2)
+    runs = [
+        start(scene, tmp_path, "virtual", "--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier",
+              *REGIONS),
+        start(scene, tmp_path, "barrier", "--sharded", "True", "--runtime.mode", "barrier", ranks=2),
+        start(scene, tmp_path, "quality", "--sharded", "True", "--runtime.mode", "quality", ranks=2),
+    ]  # fmt: skip
+    _, out, _ = map(finish, runs)
     assert "Odin sharded: rank 1 owns rows" in out
-    train(scene, tmp_path, "quality", "--sharded", "True", "--runtime.mode", "quality", ranks=2)
 
     virtual = checkpoint(tmp_path, "virtual")
     assert params_of(virtual)["_model.gauss_params.means"].shape[0] != 649, "the run should densify"
@@ -141,10 +170,13 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
     street += ["--pipeline.datamanager.schedule-order", "rlg", "--runtime.ring-slots", "2"]  # K orders the steps
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier"]
-    train(scene, tmp_path, "virtual", *street, *virtual)
-    for mode, link in (("barrier", "none"), ("quality", "pcie")):
+    runs = [start(scene, tmp_path, "virtual", *street, *virtual)]
+    for mode, link in (("barrier", "none"), ("quality", "pcie"), ("throughput", "none")):
         sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
-        train(scene, tmp_path, mode, *street, *sharded, ranks=3)
+        runs.append(start(scene, tmp_path, mode, *street, *sharded, ranks=3))
+    for run in runs:
+        finish(run)
+    for mode in ("barrier", "quality"):
         assert_same_params(checkpoint(tmp_path, mode), checkpoint(tmp_path, "virtual"))
     folder = run_folder(tmp_path, "quality")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
@@ -153,7 +185,6 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     assert all(c["placed"] > 0 for c in counters), "workers ran on other ranks than their numbers"
 
     # Throughput-first: stale reads admitted at the owners; its held-out PSNR within 1% of the barrier's.
-    train(scene, tmp_path, "throughput", *street, "--sharded", "True", "--runtime.mode", "throughput", ranks=3)
     folder = run_folder(tmp_path, "throughput")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     print("throughput stale reads", [c["stale_reads"] for c in counters], "re-runs", [c["reruns"] for c in counters])
@@ -178,8 +209,11 @@ def test_kermit_on_three_ranks_equals_the_replicated_barrier_across_re_cuts(tmp_
     which the shards were re-cut by load, alike on every rank."""
     scene, iterations = real_scene("kermit_320"), 9
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS]
-    train(scene, tmp_path, "virtual", *virtual, iterations=iterations)
-    train(scene, tmp_path, "sharded", "--sharded", "True", "--runtime.mode", "barrier", ranks=3, iterations=iterations)
+    sharded = ["--sharded", "True", "--runtime.mode", "barrier"]
+    runs = [start(scene, tmp_path, "virtual", *virtual, iterations=iterations)]
+    runs.append(start(scene, tmp_path, "sharded", *sharded, ranks=3, iterations=iterations))
+    for run in runs:
+        finish(run)
     last = iterations - 1
     assert_same_params(checkpoint(tmp_path, "sharded", last), checkpoint(tmp_path, "virtual", last))
     folder = run_folder(tmp_path, "sharded")
