@@ -13,6 +13,7 @@ rasterizer, gsplat's call) serve the tests, ``scripts/gpu_check.py`` (larger ima
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -196,9 +197,10 @@ def make_runtime(
     lr_scale: float = 1.0,
     topology: Topology = Topology(),
     batch_gain: AdaptiveGain | None = None,
+    clock: Callable[[], int] | None = None,
 ) -> OdinRuntime:
     """A runtime over ``params`` with selective Adams (LRS x lr_scale) and a virtual transport for its W workers
-    (and the adaptive batch rule's gain, if given)."""
+    (and the adaptive batch rule's gain, if given; ``clock``: its timeline's, default the wall clock)."""
     transport = VirtualTransport(topology.num_workers, params)
     return OdinRuntime(
         config,
@@ -210,6 +212,7 @@ def make_runtime(
         strategy_state=strategy_state,
         topology=topology,
         batch_gain=batch_gain,
+        clock=clock,
     )
 
 
