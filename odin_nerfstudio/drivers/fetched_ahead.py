@@ -40,9 +40,7 @@ class Ahead:
     def rest_needed(self) -> list[list[bool]]:
         """Per rank and task, whether it waits for the rest of its rows (as far as known before the stale reads'
         verdicts): any owner held rows of it back, and it does not read them stale."""
-        if self.admitted is None:
-            return self.anyone
-        return [[d and not a for d, a in zip(doubts, admits)] for doubts, admits in zip(self.anyone, self.admitted)]
+        return self.anyone if self.admitted is None else waiting(self.anyone, self.admitted)
 
 
 @dataclass
@@ -129,6 +127,22 @@ def per_rank(values: list, tasks: Sequence[Sequence[Task]]) -> list[list]:
         out.append(values[start : start + len(rank_tasks)])
         start += len(rank_tasks)
     return out
+
+
+def waiting(
+    flags: Sequence[Sequence[bool]],
+    admitted: Sequence[Sequence[bool]],
+    failed: Sequence[Sequence[bool]] | None = None,
+) -> list[list[bool]]:
+    """Per rank and task, whether a task flagged (some owner held rows of it back) waits for the rest of its rows:
+    it was not admitted to read them stale, or its stale read failed the gradient rule (``failed``; None: no
+    verdict yet)."""
+    if failed is None:
+        failed = [[False] * len(rank) for rank in flags]
+    return [
+        [doubt and (not admit or rerun) for doubt, admit, rerun in zip(d, a, f, strict=True)]
+        for d, a, f in zip(flags, admitted, failed, strict=True)
+    ]
 
 
 def none_of(flags: Sequence[Sequence[bool]]) -> bool:

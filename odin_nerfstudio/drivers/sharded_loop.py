@@ -9,10 +9,11 @@ published; (3) its tasks of step s rendered; (4) the return of step s started, c
 (2), then the clean parts that came earlier taken; (5) while the return travels, the tasks of the steps fetched
 ahead that no owner is unsure of (running ahead of the publications, exact), unless step s + 1's rest is to be
 fetched: a rank rendering ahead then would publish step s, and start that exchange, a render later, and every rank
-waits for it; its sure tasks render while the rest travels instead; (6) the owners' publication of step s. Barrier fetches step s + 1 only
-after (6): Grendel's synchronization, the reference. The unsure flags of every task go to every rank, so every rank
-knows when no owner held anything back and all skip the fetch of the rest alike (the same exchanges in the same
-order on every rank, whatever each one's tasks). Throughput-first looks one step ahead (K = 2's order).
+waits for it; its sure tasks render while the rest travels instead; (6) the owners' publication of step s. Barrier
+fetches step s + 1 only after (6): Grendel's synchronization, the reference. The unsure flags of every task go to
+every rank, so every rank knows when no owner held anything back and all skip the fetch of the rest alike (the same
+exchanges in the same order on every rank, whatever each one's tasks). Throughput-first looks one step ahead
+(K = 2's order).
 
 A step's small tables ride on its row exchanges as side tables (``comm/all_to_all.py``), since every exchange pairs
 all ranks and pays a message latency: the densification statistics and the adaptive batch rule's per-task norms on
@@ -44,7 +45,17 @@ from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
 from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.drivers.fetched_ahead import Ahead, Carrier, CleanPart, PendingGain, flat, none_of, per_rank, unflat
+from odin_nerfstudio.drivers.fetched_ahead import (
+    Ahead,
+    Carrier,
+    CleanPart,
+    PendingGain,
+    flat,
+    none_of,
+    per_rank,
+    unflat,
+    waiting,
+)
 from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import (
@@ -189,9 +200,9 @@ class ShardedLoop:
         # A rank that renders ahead here publishes step s, and so starts the rest of step s + 1, that much later,
         # and every rank waits for that exchange: where it comes, the sure tasks render while it travels (_fetch).
         following = self._ahead.get(step + 1)
-        sure = following is None or none_of(following.rest_needed())
+        sure_now = following is None or none_of(following.rest_needed())
         for ahead_step in sorted(self._ahead):
-            self._run_ahead(ahead_step, self._ahead[ahead_step], sure)
+            self._run_ahead(ahead_step, self._ahead[ahead_step], sure_now)
         by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
         if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
@@ -241,14 +252,15 @@ class ShardedLoop:
             carrier.parts = self._wait(carrier.handle, step, reason)
         return carrier.parts
 
-    def _run_ahead(self, step: int, ahead: Ahead, sure: bool) -> None:
+    def _run_ahead(self, step: int, ahead: Ahead, sure_now: bool) -> None:
         """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
-        published: those no owner is unsure of (if ``sure``), and in throughput-first those admitted to read stale."""
+        published: those no owner is unsure of (if ``sure_now``), and in throughput-first those admitted to read
+        stale."""
         for task in self._tasks(step)[self.rank]:
             if task.index in ahead.fetched.started:
                 continue
             if not ahead.fetched.unsure[task.index]:
-                if not sure:
+                if not sure_now:
                     continue
                 self._run(ahead.fetched, task)
             elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
@@ -329,13 +341,7 @@ class ShardedLoop:
                 device = self.owner.params["means"].device
                 verdicts = self._everyone(flat(local, device), f"stale-read verdicts of step {step}", step)
                 failed = unflat(torch.stack(verdicts).any(dim=0), tasks)
-            need, anyone = (
-                [
-                    [doubt and (not admitted or rerun) for doubt, admitted, rerun in zip(d, a, f, strict=True)]
-                    for d, a, f in zip(flags, ahead.admitted, failed, strict=True)
-                ]
-                for flags in (ahead.unsure, ahead.anyone)
-            )
+            need, anyone = (waiting(flags, ahead.admitted, failed) for flags in (ahead.unsure, ahead.anyone))
             for index, rerun in enumerate(failed[self.rank]):
                 if rerun:
                     ahead.fetched.started.discard(index)
@@ -346,13 +352,13 @@ class ShardedLoop:
             return ahead.fetched, riding
         fetched = ahead.fetched
 
-        def sure() -> None:  # while the rest travels, the tasks that need none of it
+        def render_sure() -> None:  # while the rest travels, the tasks that need none of it
             for task in tasks[self.rank]:
                 if task.index not in fetched.started and not anyone[self.rank][task.index]:
                     self._run(fetched, task)
 
         what = f"fetch of the rest of step {step}"
-        received, riding = self._fetch_with_ahead(step, self.owner.serve(rest), what, sure)
+        received, riding = self._fetch_with_ahead(step, self.owner.serve(rest), what, render_sure)
         fetched.add(received, self.owner.params)
         self.counters.rest_fetches += 1
         return fetched, riding
