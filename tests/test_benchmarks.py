@@ -126,6 +126,6 @@ def test_bench_point_sets_quick_judges_both_point_sets_by_drawn_rows_and_writes_
 def test_bench_quality_quick_trains_every_variant_through_the_cli_and_writes_nothing() -> None:
     result = run_quick("bench_quality", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    for label in ("ddp, 1 worker (dense Adam: reference)", "throughput, 4 virtual workers", "sharded quality, 2 gloo"):
+    for label in ("ddp, 1 worker (dense Adam: reference)", "throughput, 2 gloo ranks (replicated)", "sharded quality, 2"):
         assert label in result.stdout
     assert "PSNR vs ref [90% interval]" in result.stdout and "updated" not in result.stdout
