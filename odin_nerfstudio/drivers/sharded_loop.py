@@ -3,17 +3,18 @@ rank (``runtime/sharding.py`` says what each side does).
 
 Per step s, every rank: (1) the rest of step s's rows, if step s was fetched ahead (quality, throughput), else the
 whole fetch, with the clean part of step s + 1 riding on it (each of its tasks with an "unsure" flag; on an
-exchange of its own where step s fetches nothing); (2) in quality-first, the clean parts of the steps after s + 1
-up to s + K - 1 culled (K ring slots: a step is read once the step K before it is published), before step s is
-published; (3) its tasks of step s rendered; (4) the return of step s started, carrying the clean parts culled in
-(2), then the clean parts that came earlier taken; (5) while the return travels, the tasks of the steps fetched
-ahead that no owner is unsure of (running ahead of the publications, exact), unless step s + 1's rest is to be
-fetched: a rank rendering ahead then would publish step s, and start that exchange, a render later, and every rank
-waits for it; its sure tasks render while the rest travels instead; (6) the owners' publication of step s. Barrier
-fetches step s + 1 only after (6): Grendel's synchronization, the reference. The unsure flags of every task go to
-every rank, so every rank knows when no owner held anything back and all skip the fetch of the rest alike (the same
-exchanges in the same order on every rank, whatever each one's tasks). Throughput-first looks one step ahead
-(K = 2's order).
+exchange of its own where step s fetches nothing); (2) in quality-first with ``fetch_ahead`` > 1, the clean parts
+of the steps after s + 1 up to s + ``fetch_ahead`` (at most K - 1: a step is read once the step K before it is
+published) culled before step s is published; (3) its tasks of step s rendered; (4) the return of step s started,
+carrying the clean parts culled in (2), then the clean parts that came earlier taken; (5) while the return
+travels, the tasks of the steps fetched ahead that no owner is unsure of start rendering on the lane (running
+ahead of the publications, exact), only step s + 1's where its rest is to be fetched, so that the lane is free
+for the tasks waiting for that rest; (6) as soon as the return arrives, the owners' publication of step s, and
+then the next step's exchange, beside the lane's render: every rank waits for that exchange, and a rank that
+waited for its render first would hold every rank back. Barrier fetches step s + 1 only after (6): Grendel's
+synchronization, the reference. The unsure flags of every task go to every rank, so every rank knows when no owner
+held anything back and all skip the fetch of the rest alike (the same exchanges in the same order on every rank,
+whatever each one's tasks). Throughput-first looks one step ahead (K = 2's order).
 
 A step's small tables ride on its row exchanges as side tables (``comm/all_to_all.py``), since every exchange pairs
 all ranks and pays a message latency: the densification statistics and the adaptive batch rule's per-task norms on
@@ -26,17 +27,16 @@ of its publication with the largest gain the rule may set.
 Throughput-first adds bounded stale reads: with step s + 1's clean part come the rows of the unsure tasks' C(t) that
 step s may write, at their values before it, and each task's count of them; a task whose share of such rows is at
 most ``stale_fraction`` (and ``max_staleness`` >= 1) runs ahead on them (every rank decides for every task, from
-the same flags). When
-step s's gradients reach an owner, it applies the gradient rule to the rows read stale there (``Owner.judge``:
-magnitude below ``stale_grad_ratio`` x the mean over the step's rows it holds); a task that fails anywhere is re-run
-on the published state in the next iteration, with the rest of its rows.
+the same flags). When step s's gradients reach an owner, it applies the gradient rule to the rows read stale there
+(``Owner.judge``: magnitude below ``stale_grad_ratio`` x the mean over the step's rows it holds); a task that fails
+anywhere is re-run on the published state in the next iteration, with the rest of its rows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -45,6 +45,7 @@ from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
 from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.drivers.ahead_lane import AheadLane
 from odin_nerfstudio.drivers.fetched_ahead import (
     Ahead,
     Carrier,
@@ -56,6 +57,7 @@ from odin_nerfstudio.drivers.fetched_ahead import (
     unflat,
     waiting,
 )
+from odin_nerfstudio.runtime.lanes import LaneExecutor, ThreadExecutor
 from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.sharding import (
@@ -71,10 +73,6 @@ from odin_nerfstudio.runtime.sharding import (
 
 SHARDED_MODES = ("barrier", "quality", "throughput")
 """The modes the sharded loop runs."""
-SURE_SHARE = 0.5
-"""Quality-first fetches one step less far ahead when fewer of a step's tasks than this share were sure of their
-C(t) (a task must be clear of more unpublished steps' writes the further ahead it is culled, and a step whose tasks
-mostly wait costs its clean part's exchange for little), and one step further, up to K - 1, when more were."""
 
 
 @dataclass
@@ -102,6 +100,9 @@ class ShardedLoop:
         settles: step -> whether something after it needs its synchronous state (a structural change, a
             checkpoint, an evaluation: the caller's to say, the same on every rank); nothing is fetched ahead
             across such a step, and its gain is set at once.
+        lane: where the tasks run ahead render (a thread beside the loop's, or a simulation's virtual lane), so that
+            the loop publishes and starts the next exchange when the return arrives, not when a render ends.
+        fetch_ahead: quality-first's steps fetched ahead (``OdinRuntimeConfig.fetch_ahead``), at most K - 1.
     """
 
     owner: Owner
@@ -119,18 +120,18 @@ class ShardedLoop:
     placement: Placement | None = None
     settles: Callable[[int], bool] = lambda step: False
     rates: LearningRates | None = None
+    lane: LaneExecutor = field(default_factory=lambda: ThreadExecutor(1))
+    fetch_ahead: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in SHARDED_MODES:
             raise ValueError(f"the sharded mode runs {', '.join(SHARDED_MODES)}, not {self.mode!r}")
         self.counters = ShardCounters()
-        self.deepest = 0 if self.mode == "barrier" else 1 if self.mode == "throughput" else self.ring_slots - 1
-        """The most steps past the one being published that are fetched ahead: quality-first reads a step once the
-        step K before it is published, as the replicated mode does (K ring slots); throughput-first's stale reads
-        are judged against the step just before, so it looks one step ahead."""
-        self.depth = self.deepest
-        """How far ahead it fetches now, between 1 and :attr:`deepest`, set by how many tasks were sure
-        (:data:`SURE_SHARE`): from every task's flags, which every rank has, so every rank sets it alike."""
+        depth = {"barrier": 0, "throughput": 1, "quality": min(self.fetch_ahead, self.ring_slots - 1)}
+        self.depth = depth[self.mode]
+        """How many steps past the one being published are fetched ahead: quality-first's ``fetch_ahead``, at most
+        K - 1 (a step is read once the step K before it is published, as in the replicated mode); throughput-first's
+        stale reads are judged against the step just before, so it looks one step ahead."""
         self._norms: PendingGain | None = None
         """The published step whose gain is still to be set (its row norms ride on the next return)."""
         self._inflight: dict[int, CleanPart] = {}
@@ -138,6 +139,7 @@ class ShardedLoop:
         self._ahead: dict[int, Ahead] = {}
         self._ranks_of: dict[int, list[int]] = {}
         """Per step begun and not yet published, each schedule worker's rank."""
+        self._lane = AheadLane(self.lane, self.rank, self.timeout_s)
 
     def place(self, views: Sequence[Task]) -> None:
         """Place the workers by rows owned (``runtime/placement.py``): every owner counts its rows in each view's
@@ -181,6 +183,7 @@ class ShardedLoop:
         """Run step ``step`` on this rank (see the module)."""
         tasks = self._tasks(step)
         fetched, riding = self._fetch(step, tasks)  # later steps' clean parts culled, to ride on the return
+        self._lane.join()
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
@@ -197,12 +200,7 @@ class ShardedLoop:
                 self._finish_clean(self._inflight.pop(ahead_step))
         held = fetched.nbytes + sum(ahead.fetched.nbytes for ahead in self._ahead.values())
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
-        # A rank that renders ahead here publishes step s, and so starts the rest of step s + 1, that much later,
-        # and every rank waits for that exchange: where it comes, the sure tasks render while it travels (_fetch).
-        following = self._ahead.get(step + 1)
-        sure_now = following is None or none_of(following.rest_needed())
-        for ahead_step in sorted(self._ahead):
-            self._run_ahead(ahead_step, self._ahead[ahead_step], sure_now)
+        self._start_lane(step)
         by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
         if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
@@ -252,25 +250,46 @@ class ShardedLoop:
             carrier.parts = self._wait(carrier.handle, step, reason)
         return carrier.parts
 
-    def _run_ahead(self, step: int, ahead: Ahead, sure_now: bool) -> None:
-        """Render this rank's tasks of ``step`` (fetched ahead) that may run before the steps before it are
-        published: those no owner is unsure of (if ``sure_now``), and in throughput-first those admitted to read
-        stale."""
-        for task in self._tasks(step)[self.rank]:
-            if task.index in ahead.fetched.started:
-                continue
-            if not ahead.fetched.unsure[task.index]:
-                if not sure_now:
+    def _start_lane(self, step: int) -> None:
+        """Start rendering, on the lane, this rank's tasks of the steps fetched ahead that may run before the steps
+        before them are published (those no owner is unsure of, and in throughput-first those admitted to read
+        stale), while step ``step``'s return travels. The loop meanwhile publishes step ``step`` and starts the next
+        exchange as soon as the return arrives: every rank waits for that exchange, so a rank must not hold it back
+        by a render. Where step + 1's rest is to be fetched, only step + 1's tasks run ahead, so that the lane is
+        free for the tasks waiting for that rest once it arrives."""
+        following = self._ahead.get(step + 1)
+        rest_next = following is not None and not none_of(following.rest_needed())
+        work = []
+        for ahead_step in sorted(self._ahead):
+            if rest_next and ahead_step > step + 1:
+                break
+            ahead = self._ahead[ahead_step]
+            for task in self._tasks(ahead_step)[self.rank]:
+                if task.index in ahead.fetched.started:
                     continue
-                self._run(ahead.fetched, task)
-            elif ahead.admitted is not None and ahead.admitted[self.rank][task.index]:
-                self._run(ahead.stale, task)
-                ahead.fetched.started.add(task.index)
-                self.counters.stale_reads += int(ahead.held[task.index] > 0)
-            else:
-                continue
-            self.counters.ran_ahead += 1
-            self.counters.most_ahead = max(self.counters.most_ahead, step - 1 - self.owner.published_through)
+                if ahead.fetched.unsure[task.index]:
+                    if ahead.admitted is None or not ahead.admitted[self.rank][task.index]:
+                        continue
+                    work.append((ahead.stale, ahead.fetched, task))
+                    self.counters.stale_reads += int(ahead.held[task.index] > 0)
+                else:
+                    work.append((ahead.fetched, None, task))
+                self.counters.ran_ahead += 1
+                self.counters.most_ahead = max(self.counters.most_ahead, ahead_step - 1 - self.owner.published_through)
+        if work:
+            self._lane.start(step, lambda: self._render_ahead(work))
+
+    def _render_ahead(self, work: list[tuple[FetchedStep, FetchedStep | None, Task]]) -> None:
+        """The lane's work: render each task on its rows (a stale read's are the clean part joined with the rows
+        at their values before the step before; it counts as started in the step's fetch too)."""
+        for rows, fetched, task in work:
+            self._run(rows, task)
+            if fetched is not None:
+                fetched.started.add(task.index)
+
+    def close(self) -> None:
+        """Wait for the lane's renders and stop its thread (at the end of a run)."""
+        self._lane.close()
 
     def _return_pieces(self, returns: list[Rows], stats: list[Rows], norms: Tensor | None) -> list[Rows]:
         """The return of a step to every owner: its gradient rows, and as side tables the tasks' statistics in the
@@ -310,6 +329,7 @@ class ShardedLoop:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank
         once ``step`` is published and nothing of later steps was fetched (``runtime/resharding.py``); ``views``:
         one task per training view, whose candidate sets weigh the rows for the cut."""
+        self._lane.join()
         if self._ahead or self._inflight:
             ahead = sorted({*self._ahead, *self._inflight})
             raise RuntimeError(f"restructure after step {step}: steps {ahead} were fetched ahead")
@@ -334,6 +354,7 @@ class ShardedLoop:
             return FetchedStep.of(received, self.owner.params, [False] * len(tasks[self.rank])), riding
         ahead = self._ahead.pop(step)
         need, anyone = ahead.unsure, ahead.anyone
+        reruns: list[int] = []
         if ahead.admitted is not None:
             failed = [[False] * len(t) for t in tasks]
             if not none_of(ahead.admitted):  # no verdicts to gather where no task read stale
@@ -342,17 +363,23 @@ class ShardedLoop:
                 verdicts = self._everyone(flat(local, device), f"stale-read verdicts of step {step}", step)
                 failed = unflat(torch.stack(verdicts).any(dim=0), tasks)
             need, anyone = (waiting(flags, ahead.admitted, failed) for flags in (ahead.unsure, ahead.anyone))
-            for index, rerun in enumerate(failed[self.rank]):
-                if rerun:
-                    ahead.fetched.started.discard(index)
-                    self.counters.reruns += 1
+            reruns = [index for index, rerun in enumerate(failed[self.rank]) if rerun]
+        fetched = ahead.fetched
+
+        def joined() -> None:  # the lane's tasks done: a failed stale read is to run again
+            self._lane.join()
+            for index in reruns:
+                fetched.started.discard(index)
+                self.counters.reruns += 1
+
         rest = self.owner.cull_rest(step, tasks, need)
         if none_of(anyone):  # every rank skips the exchange alike where no owner holds back a row
             riding, _ = self._start_ahead(step, None)
-            return ahead.fetched, riding
-        fetched = ahead.fetched
+            joined()
+            return fetched, riding
 
         def render_sure() -> None:  # while the rest travels, the tasks that need none of it
+            joined()
             for task in tasks[self.rank]:
                 if task.index not in fetched.started and not anyone[self.rank][task.index]:
                     self._run(fetched, task)
@@ -416,9 +443,6 @@ class ShardedLoop:
         anyone = unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
         fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
         ahead = Ahead(fetched, pending.unsure, anyone)
-        flags = [flag for rank in anyone for flag in rank]
-        sure = 1.0 - sum(flags) / max(len(flags), 1)
-        self.depth = max(1, self.depth - 1) if sure < SURE_SHARE else min(self.deepest, self.depth + 1)
         if self.mode == "throughput":
             # Every rank decides every task's admission from the same sums: no exchange of the decisions.
             rows = self._counted(pending.stale_served, [stale for _, _, stale in tables])

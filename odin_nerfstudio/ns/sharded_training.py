@@ -118,13 +118,15 @@ class ShardedTraining:
             self.owner, self.reader, self.exchange, self.rank, lambda s: trainer._step_tasks(s)[0], runtime.mode,
             last_step, runtime.wait_timeout_s, gain, runtime.stale_fraction, runtime.stale_grad_ratio,
             runtime.max_staleness, settles=lambda step: not trainer._may_run_ahead(step),
-            rates=scheduled_rates(trainer.optimizers),
+            rates=scheduled_rates(trainer.optimizers), fetch_ahead=runtime.fetch_ahead,
         )  # fmt: skip
         self.loop.place(self.views())
         CONSOLE.log(f"Odin sharded: rank {self.rank} owns rows {cuts.range(self.rank)} of {cuts.num_rows}")
 
     def close(self) -> None:
-        """Stop the row exchange's progress thread (before the process group is destroyed)."""
+        """Stop the lane of the tasks run ahead and the row exchange's progress thread (before the process group is
+        destroyed)."""
+        self.loop.close()
         close = getattr(self.exchange, "close", None)
         if close is not None:
             close()

@@ -102,9 +102,9 @@ class SplatTaskRenderer:
     def pop_losses(self, step: int) -> list[Tensor]:
         """The losses of ``step``'s tasks rendered here (a re-run's replaces its first render), in task order; those
         of earlier steps (late re-runs, after their step was logged) are dropped, so the dict stays bounded."""
-        keys = sorted(key for key in self.losses if key[0] == step)
-        losses = [self.losses.pop(key) for key in keys]
-        for key in [key for key in self.losses if key[0] < step]:
+        held = list(self.losses)  # one copy: a lane may add a later step's loss meanwhile
+        losses = [self.losses.pop(key) for key in sorted(key for key in held if key[0] == step)]
+        for key in [key for key in held if key[0] < step]:
             del self.losses[key]
         return losses
 

@@ -23,6 +23,10 @@ class OdinRuntimeConfig:
             paper's controls "ddp" (barrier, every row read, dense update and Adam, as DistributedDataParallel)
             and "hogwild" (reads never wait, nothing validated).
         ring_slots: K, steps that may be staged at once (step s may read once step s - K is published).
+        fetch_ahead: sharded quality-first: how many steps past the one being published are fetched ahead (1 to
+            K - 1; more is taken as K - 1). 1 by the simulator's measure (``docs/architecture.md``, "Why
+            quality-first stays exact"): a task culled further ahead must be clear of more unpublished steps'
+            writes, and one task that is not makes every rank fetch its step's rest.
         stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
         stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.
         max_staleness: the most steps a stale row may lag behind (throughput).
@@ -47,6 +51,7 @@ class OdinRuntimeConfig:
 
     mode: Mode = "quality"
     ring_slots: int = 4
+    fetch_ahead: int = 1
     stale_fraction: float = 0.2
     stale_grad_ratio: float = 0.2
     max_staleness: int = 4
@@ -64,6 +69,8 @@ class OdinRuntimeConfig:
             raise ValueError(f"unknown mode {self.mode!r}")
         if self.ring_slots < 1:
             raise ValueError(f"ring_slots must be >= 1, got {self.ring_slots}")
+        if self.fetch_ahead < 1:
+            raise ValueError(f"fetch_ahead must be >= 1, got {self.fetch_ahead} (--runtime.fetch-ahead)")
         if self.tasks_in_flight < 1:
             raise ValueError(f"tasks_in_flight must be >= 1, got {self.tasks_in_flight} (--runtime.tasks-in-flight)")
 

@@ -59,6 +59,8 @@ class SimulateCliConfig:
     """B, views per worker per step."""
     ring_slots: int = 4
     """K, steps staged at once (and the schedule's overlap reach)."""
+    fetch_ahead: int = 1
+    """Sharded quality-first: steps fetched ahead of the one being published (1 to K - 1)."""
     steps: int = 120
     """Schedule steps per simulated run."""
     interconnect: Literal["none", "10gbe", "pcie"] = "none"
@@ -140,7 +142,11 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
     run = config.run[0]
     settings = read_run_settings(run)
     simulation = SimulationConfig(
-        runtime=OdinRuntimeConfig(mode=settings.mode, ring_slots=settings.ring_slots),  # type: ignore[arg-type]
+        runtime=OdinRuntimeConfig(
+            mode=settings.mode,  # type: ignore[arg-type]
+            ring_slots=settings.ring_slots,
+            fetch_ahead=settings.fetch_ahead,
+        ),
         num_workers=settings.num_workers,
         views_per_worker=settings.views_per_worker,
         steps=settings.steps,
@@ -169,7 +175,9 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
 def simulation_config(config: SimulateCliConfig, mode: str, workers: int) -> SimulationConfig:
     """The simulation of ``mode`` on ``workers`` workers the options ask for."""
     return SimulationConfig(
-        runtime=OdinRuntimeConfig(mode=mode, ring_slots=config.ring_slots),  # type: ignore[arg-type]
+        runtime=OdinRuntimeConfig(
+            mode=mode, ring_slots=config.ring_slots, fetch_ahead=config.fetch_ahead  # type: ignore[arg-type]
+        ),
         num_workers=workers,
         views_per_worker=config.views_per_worker,
         steps=config.steps,

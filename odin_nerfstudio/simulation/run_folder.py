@@ -49,6 +49,7 @@ class RunSettings:
         seed: the schedule's seed.
         processes: processes (ranks) that trained: W with one worker each, 1 with virtual workers.
         sharded: whether it trained with ``--sharded True`` (a shard of the Gaussians per rank).
+        fetch_ahead: sharded quality-first's steps fetched ahead (1 in a run saved before the option existed).
     """
 
     scene: Path
@@ -61,6 +62,7 @@ class RunSettings:
     seed: int
     processes: int
     sharded: bool = False
+    fetch_ahead: int = 1
 
 
 def read_run_settings(run: Path) -> RunSettings:
@@ -89,6 +91,7 @@ def read_run_settings(run: Path) -> RunSettings:
             seed=int(datamanager.get("schedule_seed", 0)),
             processes=processes,
             sharded=bool(config.get("sharded", False)),
+            fetch_ahead=int(runtime.get("fetch_ahead", 1)),
         )
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path} is not an odin-splat config: it lacks {error}") from None

@@ -47,7 +47,7 @@ from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load
 from odin_nerfstudio.runtime.sharding import Owner, Reader, Rows
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.interconnect import Interconnect
-from odin_nerfstudio.simulation.modeled import ModeledRender
+from odin_nerfstudio.simulation.modeled import ModeledRender, VirtualLanes
 from odin_nerfstudio.simulation.costs import CostModel
 from odin_nerfstudio.simulation.simulator import LEARNING_RATE, Simulation, SimulationConfig, SimulationResult
 from odin_nerfstudio.simulation.workload import Workload
@@ -268,6 +268,7 @@ class ShardedSimulation(Simulation):
         return ShardedLoop(
             owner, reader, exchange.endpoint(rank), rank, self._every_rank, runtime.mode, config.steps - 1, TIMEOUT_S,
             None, runtime.stale_fraction, runtime.stale_grad_ratio, runtime.max_staleness,
+            lane=VirtualLanes(self.clock), fetch_ahead=runtime.fetch_ahead,
         )  # fmt: skip
 
 

@@ -9,7 +9,6 @@ import os
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -66,10 +65,11 @@ def make_loop(
     stale: tuple[float, float] = (0.2, 0.2),
     refine_after: int | None = None,
     ring_slots: int = 4,
+    fetch_ahead: int | None = None,
 ) -> ShardedLoop:
     """Rank ``rank``'s shard of the toy model (its Z-order range) and its loop over ``exchange``; ``densify``: 60
-    Gaussians rendered by the project's rasterizer, with a strategy state (``DENSIFY``'s); ``ring_slots``: K
-    (quality-first fetches K - 1 steps ahead)."""
+    Gaussians rendered by the project's rasterizer, with a strategy state (``DENSIFY``'s); ``ring_slots``: K;
+    ``fetch_ahead``: how far quality-first fetches ahead (default K - 1, the most it may)."""
     params = make_params(60 if densify else 120)
     restore_spatial_order(params, {}, None)
     config = OdinRuntimeConfig(mode=mode, ring_slots=ring_slots)
@@ -85,7 +85,8 @@ def make_loop(
     reader = Reader(cuts, shard, render_fn, adapter, meter, 0, config.ring_slots, densify, gain is not None)
     last = len(schedule) - 1
     return ShardedLoop(owner, reader, exchange, rank, lambda s: schedule[s], mode, last, 30.0, gain, *stale,
-                       settles=lambda step: step == refine_after)
+                       settles=lambda step: step == refine_after,
+                       fetch_ahead=ring_slots - 1 if fetch_ahead is None else fetch_ahead)
 
 
 def run_loop(loop: ShardedLoop, steps: int, refine_after: int | None = None) -> None:
@@ -139,6 +140,7 @@ def sharded(
     place: bool = False,
     logs: list[list[str]] | None = None,
     ring_slots: int = 4,
+    fetch_ahead: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[ShardedLoop]]:
     """The schedule on ``cuts.num_shards`` sharded ranks (threads); the model gathered in global-id order;
     ``place``: workers placed on the ranks owning most of their rows (one task per view of the schedule); ``logs``:
@@ -148,7 +150,8 @@ def sharded(
     ends = [exchange.endpoint(rank) if logs is None else Logged(exchange.endpoint(rank), logs[rank])
             for rank in range(cuts.num_shards)]
     loops = [
-        make_loop(rank, schedule, cuts, mode, lr_scale, ends[rank], densify, gain, stale, refine_after, ring_slots)
+        make_loop(rank, schedule, cuts, mode, lr_scale, ends[rank], densify, gain, stale, refine_after, ring_slots,
+                  fetch_ahead)
         for rank in range(cuts.num_shards)
     ]
     errors = []
@@ -321,26 +324,32 @@ def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barri
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers: int) -> None:
+def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(
+    workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """K = 2 (one step fetched ahead). Learning rates of a real run's size (the toy's x 0.02), so that one
     publication moves a row a little: tasks far from the previous step's rows are sure of their C(t) before it is
-    published (a narrow field of view: on 8 px images the drawable region's pixel pad is half the image). A step
-    whose rest is fetched runs none of its tasks ahead: they render while the rest travels (a rank rendering ahead
-    would start that exchange late, for every rank)."""
+    published (a narrow field of view: on 8 px images the drawable region's pixel pad is half the image). Tasks run
+    ahead on the lane, also those of steps whose rest is fetched (the loop does not wait for the lane to publish and
+    start that exchange: ``tests/simulation/test_sharded_trace.py`` times it)."""
     schedule = make_schedule(STEPS, workers, 1, 32, focal_scale=6.0)
     cuts = ShardCuts.even(120, workers)
     barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
+    on_lane: set[int] = set()
+    render_ahead = ShardedLoop._render_ahead
+
+    def recorded(loop: ShardedLoop, work: list) -> None:
+        on_lane.update(task.step for _, _, task in work)
+        render_ahead(loop, work)
+
+    monkeypatch.setattr(ShardedLoop, "_render_ahead", recorded)
     logs: list[list[str]] = [[] for _ in range(workers)]
     quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, ring_slots=2, logs=logs)
     assert_identical(quality, barrier)
     assert sum(loop.counters.ran_ahead for loop in loops) > 0
     rested = {int(what.rsplit(" ", 1)[1]) for what in logs[0] if what.startswith("fetch of the rest of step")}
     assert rested, "some step's tasks waited for the rest of their rows"
-    for loop in loops:
-        events = loop.reader.meter.timeline.events
-        published = {event.step: event.start_ns for event in events if event.name == "publish"}
-        early = {e.step for e in events if e.name == "render" and e.start_ns < published.get(e.step - 1, -1)}
-        assert not early & rested, "a step whose rest was fetched ran a task ahead"
+    assert on_lane & rested, "some step whose rest was fetched ran a task ahead"
     # With the adaptive rule, a step's gain is set only once the next return is in: the clean parts culled before
     # then bound the publication's movement with the largest gain, and the reads still run ahead exactly.
     gain = AdaptiveGain(workers * 2)
@@ -352,28 +361,20 @@ def test_sharded_quality_equals_the_sharded_barrier_and_reads_ran_ahead(workers:
     assert len(averages) == 1 and averages != {(0.0, 0.0)}, "every owner observed the same gradients"
 
 
-def test_sharded_quality_fetches_less_far_ahead_where_few_tasks_are_sure(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a dense ring most tasks of a step culled three steps ahead are unsure: the loop fetches one step ahead
-    then, alike on every rank, and still equals the barrier; the next step's clean part rides on each step's fetch,
-    so a step makes at most two exchanges, as the barrier's does."""
+def test_sharded_quality_fetches_one_step_ahead_by_default_in_at_most_two_exchanges_a_step() -> None:
+    """The default (``OdinRuntimeConfig.fetch_ahead`` = 1 at K = 4): each step's clean part rides on the fetch of
+    the step before, so a step makes at most two exchanges, as the barrier's does; every rank makes the same ones,
+    tasks run ahead, and the model equals the barrier's."""
     schedule = make_schedule(10, 2, 1, 32, focal_scale=6.0)
     cuts = ShardCuts.even(120, 2)
     barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02)
-    depths: list[tuple[int, int]] = []
-    start_ahead = ShardedLoop._start_ahead
-
-    def recorded(loop: ShardedLoop, step: int, fetch: Any) -> Any:
-        depths.append((loop.rank, loop.depth))
-        return start_ahead(loop, step, fetch)
-
-    monkeypatch.setattr(ShardedLoop, "_start_ahead", recorded)
     logs: list[list[str]] = [[], []]
-    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, logs=logs)
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, logs=logs, fetch_ahead=1)
     assert_identical(quality, barrier)
-    assert logs[0] == logs[1], "every rank set the same depth: the same exchanges"
-    assert [d for r, d in depths if r == 0] == [d for r, d in depths if r == 1]
-    assert 1 in {d for _, d in depths} and loops[0].deepest == 3, "fewer than half sure: one step ahead"
+    assert logs[0] == logs[1], "every rank made the same exchanges"
+    assert all(loop.depth == 1 for loop in loops) and OdinRuntimeConfig().fetch_ahead == 1
     assert len(logs[0]) <= 2 * len(schedule), "the clean part rode on the fetch: at most two exchanges a step"
+    assert any(what.startswith("fetch of the rest") for what in logs[0]), "some step fetched its rest"
     assert sum(loop.counters.ran_ahead for loop in loops) > 0
 
 
@@ -390,7 +391,7 @@ def test_sharded_quality_fetches_k_minus_1_steps_ahead_and_still_equals_the_barr
     logs: list[list[str]] = [[], []]
     quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.002, gain=rule, logs=logs)
     assert_identical(quality, barrier)
-    assert all(loop.deepest == 3 for loop in loops)
+    assert all(loop.depth == 3 for loop in loops)
     assert max(loop.counters.most_ahead for loop in loops) >= 2, "a task ran with two steps before it unpublished"
     # Step 1's clean part on the fetch of step 0, those of steps 2 and 3 on the return of step 0, and from then on
     # each step's return carries the clean part K - 1 steps ahead: no exchange of its own.

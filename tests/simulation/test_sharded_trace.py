@@ -11,6 +11,7 @@ publication, computed by hand.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -41,9 +42,10 @@ of their C(t) (they run ahead) and others wait for the rest of their rows."""
 
 def config(mode: str, **changes: float) -> OdinRuntimeConfig:
     """The mode; throughput-first's gradient rule (real gradients only) always passing; K = 2 unless
-    ``ring_slots`` says (quality-first fetches K - 1 steps ahead)."""
+    ``ring_slots`` says (quality-first fetches K - 1 steps ahead, the most it may)."""
+    slots = int(changes.get("ring_slots", 2))
     return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, stale_fraction=changes.get("stale_fraction", 0.2),
-                             ring_slots=int(changes.get("ring_slots", 2)))
+                             ring_slots=slots, fetch_ahead=max(1, slots - 1))
 
 
 def simulated(mode: str, workload, **changes: float) -> ShardedSimulation:
@@ -60,6 +62,22 @@ class _Recording:
     def start(self, pieces, what: str):
         self.trace.append(exchange_decision(self.rank, what, pieces))
         return self.inner.start(pieces, what)
+
+
+class _InlineLane:
+    """A lane that renders at once on the loop's thread, where the simulator's virtual lane renders too (a thread's
+    renders would interleave with the loop's exchanges in the trace by the machine's timing)."""
+
+    def submit(self, fn, *args) -> Future:
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def wait_any(self, running, timeout: float) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
 
 
 def real_traces(
@@ -93,7 +111,7 @@ def real_traces(
         endpoint = _Recording(exchange.endpoint(rank), rank, traces[rank])
         loops.append(ShardedLoop(
             owner, reader, endpoint, rank, step_tasks, mode, STEPS - 1, 30.0, None, runtime.stale_fraction,
-            runtime.stale_grad_ratio, runtime.max_staleness,
+            runtime.stale_grad_ratio, runtime.max_staleness, lane=_InlineLane(), fetch_ahead=runtime.fetch_ahead,
         ))  # fmt: skip
     errors = []
 
@@ -150,6 +168,23 @@ def test_a_rule_changed_on_one_side_only_changes_its_trace() -> None:
     actual, _ = real_traces("throughput", cameras, simulated("throughput", workload))
     changed = simulated("throughput", workload, stale_fraction=0.0)
     assert [list(trace) for trace in changed.run().decisions] != actual
+
+
+def test_the_loop_publishes_beside_the_tasks_rendering_ahead_on_its_lane() -> None:
+    """Quality-first renders tasks ahead on a lane while a step's return travels; when the return arrives the loop
+    publishes (and goes on to the next exchange) at once, beside the lane's render, instead of after it: in virtual
+    time a render takes 10 ms and the return 8 ms, so some publication starts inside a render of the next step."""
+    workload, _ = scene_workload(FOCAL)
+    simulation = simulated("quality", workload)
+    simulation.run()
+    beside = 0
+    for loop in simulation.loops:
+        events = loop.reader.meter.timeline.events
+        published = {event.step: event for event in events if event.name == "publish"}
+        for render in (e for e in events if e.name == "render" and e.step - 1 in published):
+            beside += render.start_ns < published[render.step - 1].start_ns < render.end_ns
+    assert sum(loop.counters.ran_ahead for loop in simulation.loops) > 0
+    assert beside, "a publication started while a task rendered ahead"
 
 
 def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publication() -> None:
