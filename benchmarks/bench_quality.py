@@ -112,7 +112,8 @@ REFERENCE = "ddp-1"
 FIRST_RUN_ONLY = {"first_scene_only": True, "first_seed_only": True}
 LIFTED = ("--runtime.stale-fraction", "1.0", "--runtime.stale-grad-ratio", "1000")
 """Throughput-first's bounds lifted: any share of a task's rows may be read stale, and every stale read is kept
-whatever its gradient (``OdinRuntimeConfig``)."""
+whatever its gradient (``OdinRuntimeConfig``). A replicated rank also never reads behind the step before
+(``--read-behind-after 0``): on a dense scene it would after 4 conflicting steps, and then read nothing stale."""
 VARIANTS = [
     Variant(REFERENCE, "ddp, 1 worker (dense Adam: reference)", "ddp", 1),
     Variant("barrier-1", "barrier, 1 worker (selective Adam)", "barrier", 1),
@@ -122,11 +123,12 @@ VARIANTS = [
     Variant("throughput-ranks-2", "throughput, 2 gloo ranks (replicated)", "throughput", 2, ranks=2),
     Variant(
         "throughput-ranks-2-lifted",
-        "throughput, 2 gloo ranks (replicated), `--runtime.stale-fraction 1 --runtime.stale-grad-ratio 1000`",
+        "throughput, 2 gloo ranks (replicated), `--runtime.stale-fraction 1 --runtime.stale-grad-ratio 1000 "
+        "--read-behind-after 0`",
         "throughput",
         2,
         ranks=2,
-        extra=LIFTED,
+        extra=(*LIFTED, "--read-behind-after", "0"),
     ),
     Variant("sharded-2", "sharded quality, 2 gloo ranks", "quality", 2, ranks=2, sharded=True),
     Variant("sharded-throughput-2", "sharded throughput, 2 gloo ranks", "throughput", 2, 2, True, **FIRST_RUN_ONLY),
