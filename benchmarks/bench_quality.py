@@ -6,10 +6,11 @@ every step. The reference here is ``--runtime.mode ddp`` on one worker (dense Ad
 semantics). Against it, at equal views trained: the barrier on one worker (selective Adam: a row no view of the step
 sees keeps its moments and does not move), the barrier and quality-first on 4 virtual workers (B = 1: 4 views per
 optimizer step, the batch rule on), quality-first and throughput-first on 2 replicated gloo ranks (``odin-train``
-under torchrun), throughput-first also with its bounds lifted (``--runtime.stale-fraction 1 --runtime.stale-grad-ratio
-1000``: any share of stale rows, every stale read kept), the sharded mode on 2 gloo ranks (``--sharded True``, one
-shard per process), and on the first scene's first seed sharded throughput-first with its defaults and lifted.
-Throughput-first's stale reads are counted: a band met without any proves nothing about them.
+under torchrun), quality-first on 2 sharded gloo ranks (``--sharded True``, one shard per process), and sharded
+throughput-first with its bounds lifted (``--runtime.stale-fraction 1 --runtime.stale-grad-ratio 1000``: any share
+of stale rows, every stale read kept) on every seed of the first scene; on its first seed only, replicated
+throughput-first lifted and sharded throughput-first with its defaults (:data:`VARIANTS` says why). Throughput-first's
+stale reads are counted: a band met without any proves nothing about them.
 
 Runs: the real CLI as a user runs it: ``ns-train odin-splat-quick`` (or ``torchrun ... odin-train``), then
 ``ns-eval`` on the final checkpoint with its renders, on nerfstudio's held-out split (``odin-colmap
@@ -190,7 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scene-seeds", nargs="*", default=[], metavar="SCENE=S1,S2", help="other seeds for a scene (fewer, say)"
     )
     parser.add_argument(
-        "--views", type=int, default=None, help="views trained by every run (W workers: views / W); default: the scene's"
+        "--views", type=int, default=None, help="views each run trains (W workers: views / W); default: the scene's"
     )
     parser.add_argument("--variants", nargs="+", choices=[v.name for v in VARIANTS], default=[v.name for v in VARIANTS])
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread per process)")
