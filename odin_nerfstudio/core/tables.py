@@ -98,6 +98,25 @@ def remap_rows(table: Tensor, index_map: Tensor, fresh_value: int | float) -> Te
     return out
 
 
+def remap_row_sets(sets: Sequence[Tensor], index_map: Tensor) -> list[Tensor]:
+    """Sorted row sets (old ids, int64) carried through a structural change: each becomes the new rows whose parent
+    is in it (the row kept, or the children of a duplicated or split row), sorted; a removed row leaves every set and
+    a fresh row (-1) joins none. O(|set| log N) per set after one sort of the index map."""
+    kept = torch.nonzero(index_map >= 0).flatten()
+    parents, order = torch.sort(index_map[kept], stable=True)
+    children = kept[order]
+    carried = []
+    for rows in sets:
+        first = torch.searchsorted(parents, rows)
+        counts = torch.searchsorted(parents, rows, right=True) - first
+        # the children of rows[i] are children[first[i] : first[i] + counts[i]]: one flat gather of those runs
+        offsets = torch.cumsum(counts, 0) - counts
+        runs = torch.repeat_interleave(first - offsets, counts)
+        positions = runs + torch.arange(runs.numel(), dtype=torch.int64, device=runs.device)
+        carried.append(torch.sort(children[positions]).values)
+    return carried
+
+
 def remap(tables: PrimitiveTables, index_map: Tensor) -> PrimitiveTables:
     """Carry every per-primitive table through a structural change.
 

@@ -100,8 +100,8 @@ class ShardedLoop:
         settles: step -> whether something after it needs its synchronous state (a structural change, a
             checkpoint, an evaluation: the caller's to say, the same on every rank); nothing is fetched ahead
             across such a step, and its gain is set at once.
-        lane: where the tasks run ahead render (a thread beside the loop's, or a simulation's virtual lane), so that
-            the loop publishes and starts the next exchange when the return arrives, not when a render ends.
+        executor: where the tasks run ahead render (a thread beside the loop's, or a simulation's virtual lane), so
+            that the loop publishes and starts the next exchange when the return arrives, not when a render ends.
         fetch_ahead: quality-first's steps fetched ahead (``OdinRuntimeConfig.fetch_ahead``), at most K - 1.
     """
 
@@ -120,7 +120,7 @@ class ShardedLoop:
     placement: Placement | None = None
     settles: Callable[[int], bool] = lambda step: False
     rates: LearningRates | None = None
-    lane: LaneExecutor = field(default_factory=lambda: ThreadExecutor(1))
+    executor: LaneExecutor = field(default_factory=lambda: ThreadExecutor(1))
     fetch_ahead: int = 1
 
     def __post_init__(self) -> None:
@@ -139,7 +139,7 @@ class ShardedLoop:
         self._ahead: dict[int, Ahead] = {}
         self._ranks_of: dict[int, list[int]] = {}
         """Per step begun and not yet published, each schedule worker's rank."""
-        self._lane = AheadLane(self.lane, self.rank, self.timeout_s)
+        self._lane = AheadLane(self.executor, self.rank, self.timeout_s)
 
     def place(self, views: Sequence[Task]) -> None:
         """Place the workers by rows owned (``runtime/placement.py``): every owner counts its rows in each view's

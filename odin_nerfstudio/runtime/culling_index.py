@@ -14,6 +14,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.conflicts import Conflicts, StepRows
+from odin_nerfstudio.core.tables import remap_row_sets
 from odin_nerfstudio.core.tasks import Task, TaskKey
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
@@ -142,9 +143,10 @@ class RemoteTasks:
     view's prediction is the rows it last wrote here (A(t) of this process's latest render of it, :meth:`saw`),
     else the rows the rasterizer would draw for it on the current state when a ``predict`` function is given
     (tight: A(t) is what a render draws and moves; computed once per view), else its candidate set C(t) (a
-    superset: the margin, the bounding spheres). Rows are renamed by a structural change, which forgets every
-    view's rows. A prediction only: validation decides, so a view's rows from an epoch ago serve as well as a
-    fresh projection of every row in its frustum, at the cost of a dictionary look-up.
+    superset: the margin, the bounding spheres). A structural change renames the rows: every view's rows are carried
+    through it (a split row's children replace it, a pruned row leaves), so a view is projected once per run, not
+    once per densification interval. A prediction only: validation decides, so a view's rows from an epoch ago
+    serve as well as a fresh projection of every row in its frustum, at the cost of a dictionary look-up.
     """
 
     def __init__(self, index: CullingIndex, predict: Callable[[Task], Tensor] | None = None) -> None:
@@ -187,8 +189,10 @@ class RemoteTasks:
             self.projections += 1
         return self._by_view[task.view]
 
-    def forget_rows(self) -> None:
-        """Drop the culled sets and every view's rows (a structural change renamed the rows; they are culled again
-        when needed)."""
+    def remap(self, index_map: Tensor) -> None:
+        """Carry every view's rows through a structural change (``index_map``: new row -> old row, -1 fresh;
+        ``core/tables.remap_row_sets``); the steps' predicted unions are culled again when next needed."""
         self._rows.clear()
-        self._by_view.clear()
+        views = list(self._by_view)
+        carried = remap_row_sets([self._by_view[view] for view in views], index_map)
+        self._by_view = dict(zip(views, carried))

@@ -289,7 +289,7 @@ class OdinRuntime:
         if self.config.spatial_order:
             index_map = index_map[restore_spatial_order(self.params, self.optimizers, self.strategy_state)]
         self.data.remap(index_map)
-        self.remote.forget_rows()
+        self.remote.remap(index_map)
         self.index.rebuild()
         self.validator.forget()
         self.published_rows.clear()

@@ -268,7 +268,7 @@ class ShardedSimulation(Simulation):
         return ShardedLoop(
             owner, reader, exchange.endpoint(rank), rank, self._every_rank, runtime.mode, config.steps - 1, TIMEOUT_S,
             None, runtime.stale_fraction, runtime.stale_grad_ratio, runtime.max_staleness,
-            lane=VirtualLanes(self.clock), fetch_ahead=runtime.fetch_ahead,
+            executor=VirtualLanes(self.clock), fetch_ahead=runtime.fetch_ahead,
         )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odin_nerfstudio.core.conflicts import NO_STEP, StepRows, as_rows, isin_sorted, raw, war, waw
-from odin_nerfstudio.core.tables import PrimitiveTables, index_map_from_uid, remap
+from odin_nerfstudio.core.tables import PrimitiveTables, index_map_from_uid, remap, remap_row_sets
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -98,6 +98,17 @@ def test_remap_carries_every_table(n_old, data) -> None:
             assert new.published_step[new_row] == tables.published_step[old_row]
             assert new.pending_step[new_row] == NO_STEP
     assert new.num_primitives == index_map.numel()
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_old=st.integers(1, 20), data=st.data())
+def test_remap_row_sets_keeps_the_children_of_each_set(n_old, data) -> None:
+    """A row set carried through a structural change holds exactly the new rows whose parent was in it."""
+    index_map = torch.tensor(data.draw(st.lists(st.integers(-1, n_old - 1), max_size=30)), dtype=torch.int64)
+    sets = [rows_of(data.draw(st.sets(st.integers(0, n_old - 1)))) for _ in range(3)]
+    for rows, carried in zip(sets, remap_row_sets(sets, index_map), strict=True):
+        expected = [new for new, old in enumerate(index_map.tolist()) if old in set(rows.tolist())]
+        assert carried.tolist() == expected
 
 
 def test_remap_refuses_pending_writes() -> None:

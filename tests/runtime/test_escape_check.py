@@ -216,7 +216,7 @@ def test_remote_writes_are_predicted_by_the_rows_a_task_would_draw() -> None:
 
 def test_a_view_rendered_here_is_predicted_by_its_active_rows_and_projected_once_otherwise() -> None:
     """A view's predicted writes are its A(t) from its last render on this process, else its drawn rows projected
-    once and kept for its next task; a structural change (remap) forgets them."""
+    once and kept for its next task, carried through a structural change (remap) rather than projected again."""
     check = EscapeCheck(gsplat_visibility, lambda task: CullRegion.drawable(task.camera))
     config = OdinRuntimeConfig(mode="quality", record_reads=True)
     runtime = make_runtime(config, make_params(80), render_fn=render_gsplat, visibility_fn=check)
@@ -234,9 +234,10 @@ def test_a_view_rendered_here_is_predicted_by_its_active_rows_and_projected_once
     writes = runtime.remote.writes(before_step=7, published_through=0)
     assert runtime.remote.projections == 1 and torch.equal(writes[1].rows, writes[2].rows)
     runtime.remap(torch.arange(runtime.num_primitives))
-    runtime.expect([Task(7, 0, 0, first.view, first.camera)])
-    runtime.remote.writes(before_step=8, published_through=0)
-    assert runtime.remote.projections == 3  # both views projected again, the still-expected one once for two steps
+    runtime.expect([Task(7, 0, 0, other.view, other.camera)])
+    carried = runtime.remote.writes(before_step=8, published_through=0)[-1].rows
+    assert runtime.remote.projections == 1  # carried through the remap (core/tables.remap_row_sets), not projected
+    assert torch.equal(carried, runtime.remote.predict(later[0]))  # nothing published since its projection
 
 
 def beside(camera: Camera, side: str, depths: list[float], scale: float, distance: float) -> dict[str, Tensor]:

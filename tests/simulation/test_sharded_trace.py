@@ -111,7 +111,7 @@ def real_traces(
         endpoint = _Recording(exchange.endpoint(rank), rank, traces[rank])
         loops.append(ShardedLoop(
             owner, reader, endpoint, rank, step_tasks, mode, STEPS - 1, 30.0, None, runtime.stale_fraction,
-            runtime.stale_grad_ratio, runtime.max_staleness, lane=_InlineLane(), fetch_ahead=runtime.fetch_ahead,
+            runtime.stale_grad_ratio, runtime.max_staleness, executor=_InlineLane(), fetch_ahead=runtime.fetch_ahead,
         ))  # fmt: skip
     errors = []
 
