@@ -61,6 +61,8 @@ from odin_nerfstudio.ns.command_line import train_command
 
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
+LOCALITY = ("--pipeline.datamanager.schedule-order", "rlg")
+"""The locality order in place of the sharded mode's regional one (fewer steps unsure of the step before, more bytes)."""
 VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
@@ -73,6 +75,8 @@ VARIANTS = {
     "sharded-quality": ("--sharded", "True", "--runtime.mode", "quality"),
     "sharded-throughput": ("--sharded", "True", "--runtime.mode", "throughput"),
     "sharded-quality-k2": ("--sharded", "True", "--runtime.mode", "quality", "--runtime.ring-slots", "2"),
+    "sharded-barrier-locality": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY),
+    "sharded-quality-locality": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY),
 }
 """Each variant's flags: Odin's modes and the paper's controls, replicated and sharded (mixed parallel)."""
 REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-")]
@@ -81,8 +85,10 @@ REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-")]
 
 def reference(mode: str) -> str:
     """The variant a mode's ratios are taken against: the barrier of its own kind (Grendel's synchronization for
-    the sharded modes)."""
-    return "sharded-barrier" if mode.startswith("sharded-") else "barrier"
+    the sharded modes) and schedule order."""
+    if not mode.startswith("sharded-"):
+        return "barrier"
+    return "sharded-barrier-locality" if mode.endswith("-locality") else "sharded-barrier"
 
 
 @dataclass
