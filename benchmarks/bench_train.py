@@ -9,7 +9,10 @@ Variants (one flag each, the same code): the paper's controls, ``ddp`` (DDP-styl
 dense update and Adam), ``barrier`` (locality without overlap: the RLG schedule behind a barrier),
 ``quality-random`` (overlap without locality: quality-first on a seeded random order), ``quality-no-priority``
 (quality-first without priority publication, to show what it buys), ``hogwild`` (no
-synchronization of reads), and Odin's ``quality`` and ``throughput`` (the paper's t = 0.2, K = 4).
+synchronization of reads), and Odin's ``quality`` and ``throughput`` (the paper's t = 0.2, K = 4). The sharded
+(mixed-parallel) variants, asked for by name, run ``--sharded True`` against ``sharded-barrier`` (Grendel's
+synchronization); the ``-locality`` ones train the locality order in place of the sharded mode's regional one, their
+ratios against ``sharded-barrier-locality``.
 
 Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
 procedural Gaussians of which ``--points`` are offered as SfM points), and a dense scene (``--dense``: odin-synth's
