@@ -65,7 +65,8 @@ from odin_nerfstudio.ns.command_line import train_command
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
 LOCALITY = ("--pipeline.datamanager.schedule-order", "rlg")
-"""The locality order in place of the sharded mode's regional one (fewer steps unsure of the step before, more bytes)."""
+"""The locality order in place of the sharded mode's regional one (fewer steps unsure of the step before; more
+bytes)."""
 VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
