@@ -4,8 +4,9 @@ Odin (arXiv 2607.19893) trains from a schedule compiled ahead of time from the R
 the train views' SfM tracks: every view once per epoch, consecutive steps loosely connected, each step's W x B
 tasks balanced over the W workers (:mod:`odin_nerfstudio.scheduling.schedule`). This datamanager builds that RLG and
 schedule from the per-view point sets the `odin-colmap` dataparser puts in the train split's metadata (`sfm_in_view`
-by default, `sfm_tracks` with `--pipeline.datamanager.rlg-points observed`; view costs from the train cameras'
-width x height, after `camera_res_scale_factor`), and serves each rank's tasks in order.
+by default, `sfm_tracks` with `--pipeline.datamanager.rlg-points observed`; with `candidates`, each view's candidate
+set on the model training starts from, culled from the seed points; view costs from the train cameras' width x
+height, after `camera_res_scale_factor`), and serves each rank's tasks in order.
 
 Who reads the schedule. odin-splat's trainer (`OdinTrainer`) runs schedule step i at iteration i on every rank,
 all of the step's tasks through Odin's runtime, and reads `schedule`, `workers` and the cached images from here;
@@ -55,6 +56,7 @@ from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatama
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 
 if TYPE_CHECKING:
@@ -89,10 +91,17 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
     overlap_threshold: float = 0.1
     """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
-    rlg_points: Literal["in-view", "observed"] = "in-view"  # scheduling.tracks.RlgPoints, which imports pycolmap
-    """Which SfM points stand for a view in the RLG: in-view, those it observes plus every point in its field of
-    view (what the rasterizer draws, so what conflicts); observed, its track observations alone (the paper's RLG,
-    blind to far content: on a street SfM matches stop a few metres away while a view down it draws far beyond)."""
+    rlg_points: RlgPointSets = "in-view"
+    """Which points stand for a view in the RLG: in-view, the SfM points it observes plus every point in its field
+    of view (what the rasterizer draws, so what conflicts); observed, its track observations alone (the paper's RLG,
+    blind to far content: on a street SfM matches stop a few metres away while a view down it draws far beyond);
+    candidates, its candidate set C(t) on the model training starts from, culled as the runtime culls (also the
+    Gaussians whose bounding spheres reach into the view: the rows over which its tasks wait)."""
+    candidate_margin: tyro.conf.Suppress[float] = 0.1
+    """C(t)'s margin for rlg-points candidates: not a flag of its own, OdinTrainer sets it from the runtime's
+    (``--runtime.candidate-margin``), so the RLG's sets are the runtime's candidate sets."""
+    near_plane: tyro.conf.Suppress[float] = 0.01
+    """The rasterizer's near plane for rlg-points candidates: OdinTrainer sets it from ``--runtime.near-plane``."""
 
     def schedule_config(self, world_size: int) -> ScheduleConfig:
         """The ScheduleConfig these options give in a world of ``world_size`` processes."""
@@ -217,7 +226,8 @@ class OdinDatamanager(FullImageDatamanager):
         from odin_nerfstudio.scheduling.schedule import Schedule
 
         key = "sfm_tracks" if self.config.rlg_points == "observed" else "sfm_in_view"
-        tracks = self.train_dataparser_outputs.metadata.get(key)
+        metadata = self.train_dataparser_outputs.metadata
+        tracks = metadata.get(key)
         if tracks is None:
             raise ValueError(
                 f"OdinDatamanager needs per-view SfM point sets (metadata '{key}') to build the RLG; use the "
@@ -230,9 +240,20 @@ class OdinDatamanager(FullImageDatamanager):
         if config.order == "regions":
             from odin_nerfstudio.scheduling.regions import view_keys
 
-            metadata = self.train_dataparser_outputs.metadata
             keys = view_keys(tracks, np.asarray(metadata["points3D_ids"]), np.asarray(metadata["points3D_xyz"]))
-        return Schedule(RelativeLocalityGraph.from_point_sets(tracks), config, self.view_pixels, view_keys=keys)
+        point_sets = self.candidate_sets() if self.config.rlg_points == "candidates" else tracks
+        return Schedule(RelativeLocalityGraph.from_point_sets(point_sets), config, self.view_pixels, view_keys=keys)
+
+    def candidate_sets(self) -> List[np.ndarray]:
+        """Per train view, its candidate set on the initial model (a Gaussian per SfM point, splatfacto's scales):
+        rows of the dataparser's `points3D_xyz`, in the frame of the train cameras."""
+        from odin_nerfstudio.culling.initial import initial_candidate_sets
+        from odin_nerfstudio.ns.splat_runtime import odin_camera
+
+        cameras = self.train_dataset.cameras
+        views = [odin_camera(cameras, view) for view in range(len(self.train_dataset))]
+        points = np.asarray(self.train_dataparser_outputs.metadata["points3D_xyz"])
+        return initial_candidate_sets(points, views, self.config.candidate_margin, self.config.near_plane)
 
     def _check_rank_has_tasks(self) -> None:
         """Fail when this rank's workers get no task in epoch 0 (more workers than views)."""

@@ -176,6 +176,9 @@ class OdinTrainer(Trainer):
         # K is named once, by the user, as the runtime's ring slots; the schedule's overlap windows use the same K.
         self.config.pipeline.datamanager.ring_size = self.config.runtime.ring_slots
         self.config.pipeline.datamanager.sharded = self.config.sharded  # auto's schedule order follows the mode
+        # rlg-points candidates culls the runtime's C(t): with the runtime's margin and near plane.
+        self.config.pipeline.datamanager.candidate_margin = self.config.runtime.candidate_margin
+        self.config.pipeline.datamanager.near_plane = self.config.runtime.near_plane
         super().setup(test_mode)
         schedule = self.pipeline.datamanager.schedule
         warn_if_step_exceeds_views(schedule.config.num_workers, schedule.config.views_per_worker, schedule.num_views)

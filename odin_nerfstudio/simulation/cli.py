@@ -25,9 +25,9 @@ from typing import Literal, Optional
 import tyro
 
 from odin_nerfstudio.core.timeline_metrics import load_run
+from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
 from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
-from odin_nerfstudio.scheduling.tracks import RlgPoints
 from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
 from odin_nerfstudio.simulation.run_folder import read_run_settings
@@ -77,7 +77,7 @@ class SimulateCliConfig:
     """Cost each view's task with the |C(t)| the run recorded for it (the run's own scene), not the culled one."""
     downscale: int = 1
     """Divide the scene's image sides by this (as the datamanager's camera-res-scale-factor would)."""
-    rlg_points: RlgPoints = "in-view"
+    rlg_points: RlgPointSets = "in-view"
     """The RLG's point sets, as the run's --pipeline.datamanager.rlg-points (runs before main's 5084c83: observed)."""
     seed: int = 0
     """The schedule's seed."""

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
 from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.culling.initial import RlgPointSets, initial_candidate_sets, initial_log_scales
 from odin_nerfstudio.rendering.rasterize import drawn_rows
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
@@ -35,7 +35,7 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.scheduling.cli import training_views
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
-from odin_nerfstudio.scheduling.tracks import RlgPoints, load_reconstruction, read_colmap_tracks
+from odin_nerfstudio.scheduling.tracks import load_reconstruction, read_colmap_tracks
 
 ROW_BYTES = 260
 """Bytes one active row adds to a worker's exchanged update: its int64 row, the float32 gradients of gsplat's
@@ -111,7 +111,7 @@ class Workload:
         eval_interval: int = 8,
         downscale: int = 1,
         margin: float | None = None,
-        rlg_points: RlgPoints = "in-view",
+        rlg_points: RlgPointSets = "in-view",
     ) -> Workload:
         """A COLMAP scene's training views on its initial model (see the module); ``downscale`` divides the
         images' sides as ``--pipeline.datamanager.camera-res-scale-factor`` would, ``rlg_points`` picks the RLG's
@@ -125,7 +125,12 @@ class Workload:
         reconstruction = load_reconstruction(sparse)
         by_name = {image.name: image for image in reconstruction.images.values()}
         cameras = [colmap_camera(reconstruction, by_name[name], downscale) for name in names]
-        point_sets = tracks.for_names(names, rlg_points)
+        if rlg_points == "candidates":
+            defaults = OdinRuntimeConfig()
+            margin = defaults.candidate_margin if margin is None else margin
+            point_sets = initial_candidate_sets(tracks.points_xyz, cameras, margin, defaults.near_plane)
+        else:
+            point_sets = tracks.for_names(names, rlg_points)
         return cls.from_model(scene.name, initial_model(tracks.points_xyz), cameras, point_sets, margin)
 
     @classmethod
@@ -154,13 +159,10 @@ class Workload:
         return cls(name, candidates, writes, pixels, rlg, int(params["means"].shape[0]))
 
 def initial_model(points: np.ndarray) -> dict[str, Tensor]:
-    """splatfacto's initial Gaussians on SfM ``points`` [P, 3]: means, log-scales (mean distance to the 3 nearest
-    other points, isotropic) and identity quaternions, float32."""
+    """splatfacto's initial Gaussians on SfM ``points`` [P, 3]: means, log-scales (``culling/initial.py``) and
+    identity quaternions, float32."""
     points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
-    neighbours = min(4, len(points))
-    distances, _ = cKDTree(points).query(points, k=neighbours)
-    mean = np.asarray(distances, dtype=np.float64).reshape(len(points), -1)[:, 1:].mean(axis=1)
-    scales = np.log(np.maximum(np.nan_to_num(mean, nan=1e-3), 1e-7))
+    scales = initial_log_scales(points)
     quats = np.zeros((len(points), 4))
     quats[:, 0] = 1.0
     return {

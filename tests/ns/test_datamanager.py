@@ -11,18 +11,27 @@ import torch
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 from nerfstudio.engine.callbacks import TrainingCallbackAttributes
 
+from odin_nerfstudio.adapter.gsplat import GsplatAdapter
+from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.ns.datamanager import SCHEDULE_FILENAME, OdinDatamanager, OdinDatamanagerConfig
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
+from odin_nerfstudio.ns.splat_runtime import odin_camera
+from odin_nerfstudio.runtime.config import OdinRuntimeConfig
+from odin_nerfstudio.runtime.culling_index import CullingIndex
+from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.simulation.workload import initial_model
 from tests.conftest import real_scene
 
 
-def make_datamanager(world_size: int = 1, local_rank: int = 0, scene: str = "kermit_320", **options):
-    """An OdinDatamanager on a real scene (kermit_320: 9 train views) at quarter resolution on CPU."""
+def make_datamanager(
+    world_size: int = 1, local_rank: int = 0, scene: str | Path = "kermit_320", scale: float = 0.25, **options
+):
+    """An OdinDatamanager on a real scene (kermit_320: 9 train views; or a scene folder) at ``scale`` on CPU."""
     config = OdinDatamanagerConfig(
-        dataparser=OdinColmapDataParserConfig(data=real_scene(scene)),
-        camera_res_scale_factor=0.25,
+        dataparser=OdinColmapDataParserConfig(data=real_scene(scene) if isinstance(scene, str) else scene),
+        camera_res_scale_factor=scale,
         cache_images_type="uint8",
         **options,
     )
@@ -178,3 +187,22 @@ def test_view_costs_use_the_rescaled_train_cameras() -> None:
     cameras = single.train_dataset.cameras
     np.testing.assert_array_equal(single.view_pixels, (cameras.width * cameras.height).view(-1).numpy())
     assert set(single.view_pixels.tolist()) == {126 * 94}
+
+
+def test_rlg_points_candidates_builds_the_rlg_from_the_runtimes_candidate_sets_on_the_seed_points(
+    tmp_path: Path,
+) -> None:
+    # a street: views down it reach Gaussians whose bounding spheres enter the view from outside its SfM points
+    scene = make_scene(SynthConfig(preset="street", num_views=16, street_length=60.0, output=tmp_path / "street"))
+    candidates = make_datamanager(scene=scene, scale=1.0, rlg_points="candidates")
+    in_view = make_datamanager(scene=scene, scale=1.0)
+    # what the runtime culls for each train view's first task: its CullingIndex over splatfacto's initial model
+    config = OdinRuntimeConfig()
+    params = initial_model(np.asarray(candidates.train_dataparser_outputs.metadata["points3D_xyz"]))
+    index = CullingIndex(params, GsplatAdapter(), config.candidate_margin, config.near_plane)
+    cameras = candidates.train_dataset.cameras
+    culled = [index.candidates(Task(0, 0, 0, view, odin_camera(cameras, view))).numpy() for view in range(len(cameras))]
+    expected = RelativeLocalityGraph.from_point_sets(culled).weights
+    assert (candidates.schedule.rlg.weights != expected).nnz == 0
+    assert (in_view.schedule.rlg.weights != expected).nnz > 0  # the option changed the graph
+    assert candidates.schedule.config == in_view.schedule.config

@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
@@ -231,3 +232,25 @@ def test_running_ahead_is_offered_except_before_what_needs_the_synchronous_state
     assert offered == [step for step in range(42) if step not in settling]
     trainer.loop.config = dataclasses.replace(trainer.loop.config, run_ahead=False)
     assert not any(trainer.loop.offers_ahead(step, trainer._may_run_ahead(step)) for step in range(42))
+
+
+def test_the_candidate_rlg_is_culled_with_the_runtimes_margin(street: Path, tmp_path: Path) -> None:
+    # --pipeline.datamanager.rlg-points candidates: the RLG's sets are the C(t) the runtime will cull, so the trainer
+    # hands the datamanager --runtime.candidate-margin (a wider margin, larger sets, another graph)
+    from odin_nerfstudio.culling.initial import initial_candidate_sets
+    from odin_nerfstudio.ns.splat_runtime import odin_camera
+    from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
+
+    config = trainer_config(street, tmp_path, 5)
+    config.pipeline.datamanager.rlg_points = "candidates"
+    config.runtime.candidate_margin = 0.5
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    datamanager = trainer.pipeline.datamanager
+    cameras = datamanager.train_dataset.cameras
+    views = [odin_camera(cameras, view) for view in range(len(cameras))]
+    points = np.asarray(datamanager.train_dataparser_outputs.metadata["points3D_xyz"])
+    near = config.runtime.near_plane
+    graphs = {m: RelativeLocalityGraph.from_point_sets(initial_candidate_sets(points, views, m, near)) for m in (0.5, 0.1)}
+    assert (datamanager.schedule.rlg.weights != graphs[0.5].weights).nnz == 0
+    assert (graphs[0.5].weights != graphs[0.1].weights).nnz > 0
