@@ -1,4 +1,4 @@
-"""RLG point sets benchmark: which SfM point sets ("in-view" or "observed") predict the conflicts views really draw.
+"""RLG point sets benchmark: which point sets ("in-view", "observed", "candidates") predict what views really draw.
 
 Why: the RLG stands for what two views both draw, and a schedule is only as good as that prediction. Target: the
 schedule beats random order on drawn-row conflict mass on every real scene at W = 2 and W = 4.
@@ -37,7 +37,9 @@ from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ODIN_SHARED_DATA", ROOT.parent / "shared" / "data"))
 SCENES = {"kermit_320": ROOT / "tests" / "data" / "kermit_320", **{n: SHARED_DATA / n for n in ("fern", "fountain_p11", "kermit")}}
-CHOICES = {"in-view": "sfm_in_view", "observed": "sfm_tracks"}
+CHOICES = {"in-view": "sfm_in_view", "observed": "sfm_tracks", "candidates": None}
+"""Each ``--pipeline.datamanager.rlg-points`` choice and the train split's metadata holding its sets (candidates:
+culled by the datamanager from the seed points)."""
 WORKERS = (2, 4)
 
 
@@ -65,7 +67,8 @@ def measure(pipeline, epochs: int) -> dict[str, dict]:
     drawn = drawn_row_graph([drawn_by_name[name] for name in names])
     results = {"drawn_mean_weight": drawn.summary()["mean_weight"], "views": len(names)}
     for choice, key in CHOICES.items():
-        rlg = RelativeLocalityGraph.from_point_sets(outputs.metadata[key])
+        sets = pipeline.datamanager.candidate_sets() if key is None else outputs.metadata[key]
+        rlg = RelativeLocalityGraph.from_point_sets(sets)
         row = {"spearman": rank_correlation(rlg, drawn), "mean_weight": rlg.summary()["mean_weight"]}
         for workers in WORKERS:
             schedule = Schedule(rlg, ScheduleConfig(num_workers=workers, views_per_worker=1, seed=0))

@@ -11,8 +11,10 @@ dense update and Adam), ``barrier`` (locality without overlap: the RLG schedule 
 (quality-first without priority publication, to show what it buys), ``hogwild`` (no
 synchronization of reads), and Odin's ``quality`` and ``throughput`` (the paper's t = 0.2, K = 4). The sharded
 (mixed-parallel) variants, asked for by name, run ``--sharded True`` against ``sharded-barrier`` (Grendel's
-synchronization); the ``-locality`` ones train the locality order in place of the sharded mode's regional one, their
-ratios against ``sharded-barrier-locality``.
+synchronization); the ``-locality`` ones train the locality order in place of the sharded mode's regional one,
+their ratios against ``sharded-barrier-locality``. The ``-candidates`` ones, replicated and sharded, train the
+locality order compiled from an RLG of the views' candidate sets on the initial model
+(``--pipeline.datamanager.rlg-points candidates``), their ratios against the barrier of the same kind and RLG.
 
 Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
 procedural Gaussians of which ``--points`` are offered as SfM points), and a dense scene (``--dense``: odin-synth's
@@ -67,6 +69,9 @@ BIN = Path(sys.executable).parent
 LOCALITY = ("--pipeline.datamanager.schedule-order", "rlg")
 """The locality order in place of the sharded mode's regional one (fewer steps unsure of the step before; more
 bytes)."""
+CANDIDATES = (*LOCALITY, "--pipeline.datamanager.rlg-points", "candidates")
+"""The locality order from an RLG of the views' candidate sets on the initial model, the rows over which a task of
+the next step waits, not the SfM points in view (fewer steps unsure of the step before)."""
 VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
@@ -75,24 +80,31 @@ VARIANTS = {
     "quality-random": ("--runtime.mode", "quality", "--pipeline.datamanager.schedule-order", "random"),
     "throughput": ("--runtime.mode", "throughput"),
     "hogwild": ("--runtime.mode", "hogwild"),
+    "barrier-candidates": ("--runtime.mode", "barrier", "--pipeline.datamanager.rlg-points", "candidates"),
+    "quality-candidates": ("--runtime.mode", "quality", "--pipeline.datamanager.rlg-points", "candidates"),
     "sharded-barrier": ("--sharded", "True", "--runtime.mode", "barrier"),
     "sharded-quality": ("--sharded", "True", "--runtime.mode", "quality"),
     "sharded-throughput": ("--sharded", "True", "--runtime.mode", "throughput"),
     "sharded-quality-k2": ("--sharded", "True", "--runtime.mode", "quality", "--runtime.ring-slots", "2"),
     "sharded-barrier-locality": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY),
     "sharded-quality-locality": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY),
+    "sharded-barrier-candidates": ("--sharded", "True", "--runtime.mode", "barrier", *CANDIDATES),
+    "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *CANDIDATES),
 }
 """Each variant's flags: Odin's modes and the paper's controls, replicated and sharded (mixed parallel)."""
-REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-")]
-"""The variants run by default (the sharded ones are asked for by name, and published in their own section)."""
+REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-") and not name.endswith("-candidates")]
+"""The variants run by default (the sharded ones and the candidate-set RLG's are asked for by name, and published
+in their own sections)."""
 
 
 def reference(mode: str) -> str:
     """The variant a mode's ratios are taken against: the barrier of its own kind (Grendel's synchronization for
     the sharded modes) and schedule order."""
-    if not mode.startswith("sharded-"):
-        return "barrier"
-    return "sharded-barrier-locality" if mode.endswith("-locality") else "sharded-barrier"
+    barrier = "sharded-barrier" if mode.startswith("sharded-") else "barrier"
+    for order in ("-locality", "-candidates"):
+        if mode.endswith(order):
+            return barrier + order
+    return barrier
 
 
 @dataclass
@@ -416,8 +428,11 @@ def interconnect_title(name: str) -> str:
 def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
     """The markdown section (without markers): one table per scene and interconnect."""
     title = "Odin's modes against the paper's controls"
-    if any(run.mode.startswith("sharded-") for run in runs):
+    sharded = {run.mode.startswith("sharded-") for run in runs}
+    if sharded == {True}:
         title = "sharded (mixed parallel) modes against the sharded barrier (Grendel's synchronization)"
+    elif sharded == {True, False}:
+        title = "replicated and sharded modes, each against the barrier of its kind and schedule"
     lines = [
         f"## {args.section}: odin-splat on W processes, {title}",
         "",
@@ -437,7 +452,8 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             "ns-eval's `ComputePSNR`. Variants: "
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
-            "of the variant's kind (sharded variants against `sharded-barrier`). At equal compute: each run's share of "
+            "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality` and "
+            "`-candidates` ones against the barrier of the same suffix). At equal compute: each run's share of "
             "its own wait-free bound over the barrier's, which factors out how fast the machine computed in each run."
         ),
     ]
