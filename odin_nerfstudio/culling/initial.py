@@ -30,6 +30,8 @@ def initial_log_scales(points: np.ndarray) -> np.ndarray:
     from scipy.spatial import cKDTree  # here: the datamanager imports this module when ns-* commands register
 
     points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    if len(points) == 0:
+        return np.zeros(0)
     neighbours = min(4, len(points))
     distances, _ = cKDTree(points).query(points, k=neighbours)
     mean = np.asarray(distances, dtype=np.float64).reshape(len(points), -1)[:, 1:].mean(axis=1)
