@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.culling.initial import RlgPointSets, initial_candidate_sets, initial_log_scales
+from odin_nerfstudio.culling.initial import RlgPointSets, initial_log_scales
 from odin_nerfstudio.rendering.rasterize import drawn_rows
 from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
@@ -125,12 +126,7 @@ class Workload:
         reconstruction = load_reconstruction(sparse)
         by_name = {image.name: image for image in reconstruction.images.values()}
         cameras = [colmap_camera(reconstruction, by_name[name], downscale) for name in names]
-        if rlg_points == "candidates":
-            defaults = OdinRuntimeConfig()
-            margin = defaults.candidate_margin if margin is None else margin
-            point_sets = initial_candidate_sets(tracks.points_xyz, cameras, margin, defaults.near_plane)
-        else:
-            point_sets = tracks.for_names(names, rlg_points)
+        point_sets = "candidates" if rlg_points == "candidates" else tracks.for_names(names, rlg_points)
         return cls.from_model(scene.name, initial_model(tracks.points_xyz), cameras, point_sets, margin)
 
     @classmethod
@@ -139,11 +135,12 @@ class Workload:
         name: str,
         params: dict[str, Tensor],
         cameras: Sequence[Camera],
-        point_sets: Sequence[np.ndarray] | None = None,
+        point_sets: Sequence[np.ndarray] | Literal["candidates"] | None = None,
         margin: float | None = None,
     ) -> Workload:
         """The views ``cameras`` [V] of a model (``means``, log-``scales``, ``quats``): C(v) culled by the runtime's
-        index, A(v) the drawn rows; the RLG from ``point_sets`` (SfM tracks), or from the drawn rows when None."""
+        index, A(v) the drawn rows; the RLG from ``point_sets`` (SfM tracks), from the C(v) with ``"candidates"``
+        (``--pipeline.datamanager.rlg-points candidates``), or from the drawn rows when None."""
         defaults = OdinRuntimeConfig()
         margin = defaults.candidate_margin if margin is None else margin
         index = CullingIndex(params, GsplatAdapter(), margin, defaults.near_plane)
@@ -154,7 +151,10 @@ class Workload:
             candidates.append(candidate)
             writes.append(candidate[drawn_rows(camera, rows, near_plane=defaults.near_plane)])
         pixels = np.array([camera.width * camera.height for camera in cameras], dtype=np.int64)
-        sets = [w.numpy() for w in writes] if point_sets is None else list(point_sets)
+        if point_sets is None or isinstance(point_sets, str):  # the drawn rows, or "candidates"
+            sets = [rows.numpy() for rows in (writes if point_sets is None else candidates)]
+        else:
+            sets = list(point_sets)
         rlg = RelativeLocalityGraph.from_point_sets(sets)
         return cls(name, candidates, writes, pixels, rlg, int(params["means"].shape[0]))
 
