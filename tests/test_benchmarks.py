@@ -114,11 +114,11 @@ def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() 
 
 
 @pytest.mark.slow
-def test_bench_point_sets_quick_judges_both_point_sets_by_drawn_rows_and_writes_nothing() -> None:
+def test_bench_point_sets_quick_judges_every_point_set_by_drawn_rows_and_writes_nothing() -> None:
     result = run_quick("bench_point_sets", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| kermit_320")]
-    assert [row[6].strip() for row in rows] == ["in-view", "observed"]
+    assert [row[6].strip() for row in rows] == ["in-view", "observed", "candidates"]
     assert all(-1.0 <= float(row[8]) <= 1.0 for row in rows)
     assert "updated" not in result.stdout
 
