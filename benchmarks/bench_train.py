@@ -69,9 +69,9 @@ BIN = Path(sys.executable).parent
 LOCALITY = ("--pipeline.datamanager.schedule-order", "rlg")
 """The locality order in place of the sharded mode's regional one (fewer steps unsure of the step before; more
 bytes)."""
-CANDIDATES = (*LOCALITY, "--pipeline.datamanager.rlg-points", "candidates")
-"""The locality order from an RLG of the views' candidate sets on the initial model, the rows over which a task of
-the next step waits, not the SfM points in view (fewer steps unsure of the step before)."""
+CANDIDATE_RLG = ("--pipeline.datamanager.rlg-points", "candidates")
+"""The RLG from the views' candidate sets on the initial model, the rows over which a task of the next step waits,
+not the SfM points in view (fewer steps unsure of the step before)."""
 VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
@@ -80,16 +80,16 @@ VARIANTS = {
     "quality-random": ("--runtime.mode", "quality", "--pipeline.datamanager.schedule-order", "random"),
     "throughput": ("--runtime.mode", "throughput"),
     "hogwild": ("--runtime.mode", "hogwild"),
-    "barrier-candidates": ("--runtime.mode", "barrier", "--pipeline.datamanager.rlg-points", "candidates"),
-    "quality-candidates": ("--runtime.mode", "quality", "--pipeline.datamanager.rlg-points", "candidates"),
+    "barrier-candidates": ("--runtime.mode", "barrier", *CANDIDATE_RLG),
+    "quality-candidates": ("--runtime.mode", "quality", *CANDIDATE_RLG),
     "sharded-barrier": ("--sharded", "True", "--runtime.mode", "barrier"),
     "sharded-quality": ("--sharded", "True", "--runtime.mode", "quality"),
     "sharded-throughput": ("--sharded", "True", "--runtime.mode", "throughput"),
     "sharded-quality-k2": ("--sharded", "True", "--runtime.mode", "quality", "--runtime.ring-slots", "2"),
     "sharded-barrier-locality": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY),
     "sharded-quality-locality": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY),
-    "sharded-barrier-candidates": ("--sharded", "True", "--runtime.mode", "barrier", *CANDIDATES),
-    "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *CANDIDATES),
+    "sharded-barrier-candidates": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY, *CANDIDATE_RLG),
+    "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY, *CANDIDATE_RLG),
 }
 """Each variant's flags: Odin's modes and the paper's controls, replicated and sharded (mixed parallel)."""
 REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-") and not name.endswith("-candidates")]
