@@ -46,7 +46,5 @@ def initial_candidate_sets(
     means = torch.as_tensor(np.asarray(points, dtype=np.float32).reshape(-1, 3))
     log_scales = torch.as_tensor(initial_log_scales(points), dtype=torch.float32)
     scales = torch.exp(log_scales)[:, None].expand(-1, 3).contiguous()  # isotropic, as the model's rows start
-    spheres = BoundingSpheres.of(means, scales)
-    if len(means):
-        spheres.index()
+    spheres = BoundingSpheres.of(means, scales)  # its block index is built by the first cull, then shared
     return [spheres.rows_in(CullRegion.candidates(camera, margin, near_plane)).numpy() for camera in cameras]

@@ -251,6 +251,9 @@ def test_the_candidate_rlg_is_culled_with_the_runtimes_margin(street: Path, tmp_
     views = [odin_camera(cameras, view) for view in range(len(cameras))]
     points = np.asarray(datamanager.train_dataparser_outputs.metadata["points3D_xyz"])
     near = config.runtime.near_plane
-    graphs = {m: RelativeLocalityGraph.from_point_sets(initial_candidate_sets(points, views, m, near)) for m in (0.5, 0.1)}
+    graphs = {
+        margin: RelativeLocalityGraph.from_point_sets(initial_candidate_sets(points, views, margin, near))
+        for margin in (0.5, 0.1)
+    }
     assert (datamanager.schedule.rlg.weights != graphs[0.5].weights).nnz == 0
     assert (graphs[0.5].weights != graphs[0.1].weights).nnz > 0
