@@ -14,10 +14,12 @@ fetch waits), each task with the render + backward time it measured. Target: vie
 Predictions. Costs pooled over the three runs; W = 8, 16 and 64 ranks of one worker each, B = 1, K = 4,
 ``--predict-steps`` steps, behind the ``10gbe`` preset: the sharded modes' row all-to-all with one link per rank
 (``Interconnect.all_to_all_s``: two collectives, one latency each, the most bytes a rank sends or receives), and the
-replicated barrier and quality-first beside them at the same W with the same costs (each step's exchange chosen by
-its bytes, as the transport chooses it). Scenes: a ``citygen`` city of ``--big-views`` views (its SfM points as
-rows, in the generator's id order, which follows the streets), bench_simulate's scan-rig street and its dense
-``odin-synth`` object (both from the runtime's culling, rows in Z-order as the runtime keeps them).
+replicated barrier and quality-first beside them at the same W with the same costs (each step's exchange chosen by its
+bytes, as the transport chooses it). The sharded modes run the regional order, as a sharded run does
+(``--pipeline.datamanager.schedule-order auto``), and the sharded barrier and quality-first the locality order too; the
+replicated ones the locality order. Scenes: a ``citygen`` city of ``--big-views`` views (its SfM points as rows, in the
+generator's id order, which follows the streets), bench_simulate's scan-rig street and its dense ``odin-synth`` object
+(both from the runtime's culling, rows in Z-order as the runtime keeps them).
 
 Usage: ``python benchmarks/bench_simulate_sharded.py [--runs-dir DIR] [--quick]``; ``--runs-dir`` keeps the real runs
 there and reuses those it finds; ``--quick`` shrinks everything and never writes. Otherwise the figures replace the
@@ -59,6 +61,8 @@ MODES = ("barrier", "quality", "throughput")
 """The sharded loop's modes, simulated and measured."""
 REPLICATED = ("barrier", "quality")
 """The replicated modes predicted beside them."""
+LOCALITY = ("barrier", "quality")
+"""The sharded modes also predicted in the locality order (the sharded default is the regional order)."""
 WORKERS = (8, 16, 64)
 TARGET_ERROR = 0.15
 TARGET_SPEEDUP_64 = 1.5
@@ -159,15 +163,22 @@ def z_ordered(points: np.ndarray) -> np.ndarray:
 
 
 def predict_all(workload: Workload, costs: CostModel, workers: int, steps: int) -> dict[str, SimulationResult]:
-    """Every sharded mode and the replicated barrier and quality-first on ``workers`` ranks behind 10gbe."""
+    """Every sharded mode in its default order (regional), the sharded barrier and quality-first in the locality
+    order, and the replicated barrier and quality-first (locality order), on ``workers`` ranks behind 10gbe."""
+    runs = [(True, mode, "auto") for mode in MODES] + [(True, mode, "rlg") for mode in LOCALITY]
+    runs += [(False, mode, "auto") for mode in REPLICATED]
     results = {}
-    for sharded in (True, False):
+    for sharded, mode, order in runs:
         link = Interconnect.preset("10gbe", "allgather" if sharded else "chosen", costs.base_s, workload.num_rows)
-        for mode in MODES if sharded else REPLICATED:
-            config = SimulationConfig(
-                OdinRuntimeConfig(mode=mode), num_workers=workers, steps=steps, sharded=sharded  # type: ignore
-            )
-            results[f"{'sharded' if sharded else 'replicated'} {mode}"] = predict(workload, costs, link, config)
+        config = SimulationConfig(
+            OdinRuntimeConfig(mode=mode),  # type: ignore[arg-type]
+            num_workers=workers,
+            steps=steps,
+            sharded=sharded,
+            schedule_order=order,  # type: ignore[arg-type]
+        )
+        name = f"{'sharded' if sharded else 'replicated'} {mode}{' (locality)' if order == 'rlg' else ''}"
+        results[name] = predict(workload, costs, link, config)
     return results
 
 
@@ -202,8 +213,9 @@ def prediction_table(rows: list[tuple[Workload, int, dict[str, SimulationResult]
         "| scene (mean \\|C\\|/N) | W | sharded barrier views/s (idle) | sharded quality (idle) | sharded throughput "
         "(idle) | **sharded quality / sharded barrier** (target >= 1.5x at 64) | **barrier's exposed wait hidden** "
         "quality / throughput (target >= 70%) | replicated barrier (idle) | replicated quality (idle) | "
-        "sharded quality / replicated quality |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "sharded quality / replicated quality | locality order: sharded barrier, quality (idle) | locality order: "
+        "sharded quality / sharded barrier | sharded quality, locality order / sharded barrier |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, workers, results in rows:
         barrier = results["sharded barrier"]
@@ -214,10 +226,13 @@ def prediction_table(rows: list[tuple[Workload, int, dict[str, SimulationResult]
             "replicated barrier", "replicated quality")]  # fmt: skip
         ratio = results["sharded quality"].views_per_s / barrier.views_per_s
         versus = results["sharded quality"].views_per_s / results["replicated quality"].views_per_s
+        local_barrier, local_quality = results["sharded barrier (locality)"], results["sharded quality (locality)"]
+        local = ", ".join(f"{r.views_per_s:.1f} ({r.idle_share:.0%})" for r in (local_barrier, local_quality))
+        local_ratios = [local_quality.views_per_s / r.views_per_s for r in (local_barrier, barrier)]
         lines.append(
             f"| {workload.name} ({workload.mean_candidate_share():.1%}) | {workers} | {' | '.join(cells)} | "
             f"**{ratio:.2f}** | **{' / '.join('-' if h is None else f'{h:.0%}' for h in hidden)}** | "
-            f"{' | '.join(replicated)} | {versus:.2f} |"
+            f"{' | '.join(replicated)} | {versus:.2f} | {local} | {' | '.join(f'{r:.2f}' for r in local_ratios)} |"
         )
     return lines
 
@@ -270,7 +285,9 @@ def report(
             "(`comm/link.py`'s preset, 3.75 ms a message); the sharded modes' row all-to-all two collectives of one "
             "latency each, the payload at 260 B a fetched row and 244 B a returned one (`docs/architecture.md`), the "
             "most bytes one rank sends or receives; the replicated modes beside them with the same costs. Shards are "
-            "cut by load; no structural change (no re-cut) is simulated, in either mode."
+            "cut by load; no structural change (no re-cut) is simulated, in either mode. Order: the sharded modes the "
+            "regional order (a sharded run's default), and the sharded barrier and quality-first the locality order "
+            "too; the replicated modes the locality order (a replicated run's default)."
         ),
         "",
         *prediction_table(rows),
@@ -322,9 +339,13 @@ def notes(pooled: CostModel, rows: list[tuple[Workload, int, dict[str, Simulatio
         "Replicated quality-first, whose reads wait for no other rank, kept a mean "
         "idle of "
         f"{idle['replicated quality']:.0%} against sharded quality-first's {idle['sharded quality']:.0%} on the same "
-        "costs. The simulated workloads run the locality order with worker w on rank w: the sharded default of a "
-        "run, the regional order with workers placed on the ranks owning their rows, needs view positions the "
-        "workloads lack and is not simulated.",
+        "costs. The sharded modes run the schedule a sharded run compiles, the regional order (worker w the views of "
+        "region w, `scheduling/regions.py`), and also the locality order (the columns on the right), with worker w "
+        "on rank w: a run places each worker on the rank owning most of its rows (`runtime/placement.py`), and "
+        "region w lies over shard w here (both follow the row order), so the placement is taken as the identity. "
+        "The regional order keeps a rank's reads in its own shard, so the sharded barrier gains most there; it also "
+        "keeps a worker's consecutive views in one region, so more tasks read rows the step before writes, and "
+        "quality-first gains least there.",
         "- The validation covers 2 ranks on loopback: the per-collective latency and the bandwidth term of the model "
         "are checked by no run here (the runs use no emulated link; `--interconnect` now delays sharded exchanges "
         "too, so a run behind it could).",

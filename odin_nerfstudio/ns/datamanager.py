@@ -105,7 +105,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
 
     def schedule_config(self, world_size: int) -> ScheduleConfig:
         """The ScheduleConfig these options give in a world of ``world_size`` processes."""
-        from odin_nerfstudio.scheduling.schedule import ScheduleConfig
+        from odin_nerfstudio.scheduling.schedule import ScheduleConfig, resolved_order
 
         workers = world_size if self.num_workers is None else self.num_workers
         if workers % world_size:
@@ -117,7 +117,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
             num_workers=workers,
             views_per_worker=self.views_per_step,
             seed=self.schedule_seed,
-            order=("regions" if self.sharded else "rlg") if self.schedule_order == "auto" else self.schedule_order,
+            order=resolved_order(self.schedule_order, self.sharded),
             ring_size=self.ring_size,
             overlap_threshold=self.overlap_threshold,
         )

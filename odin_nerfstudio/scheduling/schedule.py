@@ -90,6 +90,17 @@ FORMAT = "odin-schedule"
 VERSION = 5
 _CACHED_EPOCHS = 2
 
+Order = Literal["rlg", "random", "regions"]
+OrderOption = Literal["auto", "rlg", "random", "regions"]
+
+
+def resolved_order(order: OrderOption, sharded: bool) -> Order:
+    """The order an ``auto`` option stands for: the regional order in the sharded mode (each rank reads mostly
+    its own shard, ``regions.py``), the locality schedule otherwise; any other order as given."""
+    if order == "auto":
+        return "regions" if sharded else "rlg"
+    return order
+
 
 @dataclass(frozen=True)
 class ScheduleConfig:
@@ -121,7 +132,7 @@ class ScheduleConfig:
     overlap_threshold: float = 0.1
     cost_per_point: float = 1.0
     cost_per_pixel: float = 1e-3
-    order: Literal["rlg", "random", "regions"] = "rlg"
+    order: Order = "rlg"
     balance_tolerance: float | None = 0.05
 
     def __post_init__(self) -> None:

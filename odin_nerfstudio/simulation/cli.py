@@ -28,6 +28,7 @@ from odin_nerfstudio.core.timeline_metrics import load_run
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
 from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
+from odin_nerfstudio.scheduling.schedule import OrderOption
 from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
 from odin_nerfstudio.simulation.run_folder import read_run_settings
@@ -81,6 +82,9 @@ class SimulateCliConfig:
     """The RLG's point sets, as the run's --pipeline.datamanager.rlg-points (runs before main's 5084c83: observed)."""
     seed: int = 0
     """The schedule's seed."""
+    schedule_order: OrderOption = "auto"
+    """The schedule's order, as the run's --pipeline.datamanager.schedule-order (auto: regions with --sharded, the
+    locality schedule rlg otherwise)."""
     sharded: bool = False
     """Simulate the sharded mode (odin-train's --sharded: a shard per rank; barrier, quality and throughput), its
     row all-to-all behind --interconnect (one link per pair with emulated, one per rank otherwise)."""
@@ -154,6 +158,7 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
         remote_writes=config.remote_writes,
         seed=settings.seed,
         sharded=settings.sharded,
+        schedule_order=settings.schedule_order,  # type: ignore[arg-type]
     )
     interconnect = Interconnect.preset(settings.interconnect, "emulated", costs.base_s)
     sized = workload.with_sizes(recorded_sizes([run]))
@@ -185,6 +190,7 @@ def simulation_config(config: SimulateCliConfig, mode: str, workers: int) -> Sim
         remote_writes=config.remote_writes,
         seed=config.seed,
         sharded=config.sharded,
+        schedule_order=config.schedule_order,
     )
 
 

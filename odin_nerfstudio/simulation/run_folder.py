@@ -50,6 +50,7 @@ class RunSettings:
         processes: processes (ranks) that trained: W with one worker each, 1 with virtual workers.
         sharded: whether it trained with ``--sharded True`` (a shard of the Gaussians per rank).
         fetch_ahead: sharded quality-first's steps fetched ahead (1 in a run saved before the option existed).
+        schedule_order: the datamanager's ``schedule_order`` (auto in a run saved before the option existed).
     """
 
     scene: Path
@@ -63,6 +64,7 @@ class RunSettings:
     processes: int
     sharded: bool = False
     fetch_ahead: int = 1
+    schedule_order: str = "auto"
 
 
 def read_run_settings(run: Path) -> RunSettings:
@@ -92,6 +94,7 @@ def read_run_settings(run: Path) -> RunSettings:
             processes=processes,
             sharded=bool(config.get("sharded", False)),
             fetch_ahead=int(runtime.get("fetch_ahead", 1)),
+            schedule_order=str(datamanager.get("schedule_order", "auto")),
         )
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path} is not an odin-splat config: it lacks {error}") from None

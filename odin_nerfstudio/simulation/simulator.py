@@ -37,7 +37,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Decision
 from odin_nerfstudio.runtime.runtime import OdinRuntime
-from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
+from odin_nerfstudio.scheduling.schedule import OrderOption, Schedule, ScheduleConfig, resolved_order
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.costs import CostModel
 from odin_nerfstudio.simulation.interconnect import Interconnect
@@ -66,6 +66,8 @@ class SimulationConfig:
         row_bytes: bytes per active row of an exchanged update.
         record_decisions: keep each process's decision trace (``SimulationResult.decisions``).
         sharded: the sharded mode (``drivers/sharded_loop.py``: a rank per worker, run by ``sharded.py``).
+        schedule_order: the schedule's order, as ``--pipeline.datamanager.schedule-order`` (auto: the regional
+            order when sharded, the locality schedule otherwise).
     """
 
     runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
@@ -79,6 +81,7 @@ class SimulationConfig:
     row_bytes: int = ROW_BYTES
     record_decisions: bool = False
     sharded: bool = False
+    schedule_order: OrderOption = "auto"
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:
@@ -94,8 +97,9 @@ class SimulationConfig:
             )
 
     def schedule_config(self) -> ScheduleConfig:
-        """The schedule's W, B, K and seed."""
-        return ScheduleConfig(self.num_workers, self.views_per_worker, self.seed, self.runtime.ring_slots)
+        """The schedule's W, B, K, seed and order."""
+        order = resolved_order(self.schedule_order, self.sharded)
+        return ScheduleConfig(self.num_workers, self.views_per_worker, self.seed, self.runtime.ring_slots, order=order)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,17 @@ the simulator takes it from the scene itself, through the runtime's own culling:
   point sets (``rlg_points``), so a simulated step holds the real run's views. A model trained past its first
   densification has more rows; these sets are those of the start of training.
 - point sets (``citygen``'s city, no images): each view's SfM points stand for its rows, C(v) = A(v) = its points.
+
+The rows are in the order the model keeps them (a COLMAP scene's initial Gaussians in Z-order, as the runtime puts
+them, ``core/row_order.py``; the city's points in the generator's order, which follows its streets): the sharded
+mode cuts its shards along that order, and each view has the regional order's key (``scheduling/regions.py``),
+so a sharded simulation schedules as ``odin-train --sharded`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +32,7 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
+from odin_nerfstudio.core.row_order import spatial_order
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.culling.initial import RlgPointSets, initial_log_scales
 from odin_nerfstudio.rendering.rasterize import drawn_rows
@@ -34,6 +40,7 @@ from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.scheduling.cli import training_views
+from odin_nerfstudio.scheduling.regions import view_keys
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.scheduling.tracks import load_reconstruction, read_colmap_tracks
@@ -57,6 +64,8 @@ class Workload:
         num_rows: N, the model's rows.
         sizes: per view, the |C(v)| its task cost is computed from (default: the candidate sets' sizes; a real
             run's recorded sizes when replaying it).
+        view_keys: per view, the regional order's key [V] (``regions.view_keys``: where along the row order the
+            view's SfM points lie); None: the workload has no regional order.
     """
 
     name: str
@@ -66,6 +75,7 @@ class Workload:
     rlg: RelativeLocalityGraph
     num_rows: int
     sizes: np.ndarray | None = None
+    view_keys: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         views = len(self.candidates)
@@ -87,11 +97,17 @@ class Workload:
         merged = np.array([self.candidates[v].numel() for v in range(self.num_views)], dtype=np.float64)
         for view, size in sizes.items():
             merged[view] = size
-        return Workload(self.name, self.candidates, self.writes, self.pixels, self.rlg, self.num_rows, merged)
+        return replace(self, sizes=merged)
 
     def schedule(self, config: ScheduleConfig) -> Schedule:
-        """The schedule of these views for ``config`` (W, B, K, seed), as the datamanager compiles it."""
-        return Schedule(self.rlg, config, self.pixels)
+        """The schedule of these views for ``config`` (W, B, K, seed, order), as the datamanager compiles it.
+
+        Raises:
+            ValueError: the regional order asked of a workload without view keys.
+        """
+        if config.order == "regions" and self.view_keys is None:
+            raise ValueError(f"workload {self.name} has no regional order: it was built without view keys")
+        return Schedule(self.rlg, config, self.pixels, view_keys=self.view_keys if config.order == "regions" else None)
 
     def mean_candidate_share(self) -> float:
         """Mean |C(v)| / N: how much of the model a view reads (dense scenes near 1, streets small)."""
@@ -99,11 +115,13 @@ class Workload:
 
     @classmethod
     def from_point_sets(cls, name: str, point_sets: Sequence[np.ndarray], pixels: int = 128 * 96) -> Workload:
-        """A workload whose rows are SfM points: C(v) = A(v) = view v's sorted point ids."""
+        """A workload whose rows are SfM points: C(v) = A(v) = view v's sorted point ids. Without positions, the
+        row order is the geometry: a view's regional key is its median row (a view without points: row 0)."""
         sets = [torch.as_tensor(np.unique(np.asarray(ids, dtype=np.int64))) for ids in point_sets]
         num_rows = int(max((int(s.max()) + 1 for s in sets if s.numel()), default=0))
         rlg = RelativeLocalityGraph.from_point_sets([s.numpy() for s in sets])
-        return cls(name, sets, sets, np.full(len(sets), pixels, dtype=np.int64), rlg, num_rows)
+        keys = np.array([int(s[s.numel() // 2]) if s.numel() else 0 for s in sets], dtype=np.int64)
+        return cls(name, sets, sets, np.full(len(sets), pixels, dtype=np.int64), rlg, num_rows, view_keys=keys)
 
     @classmethod
     def from_colmap(
@@ -116,7 +134,9 @@ class Workload:
     ) -> Workload:
         """A COLMAP scene's training views on its initial model (see the module); ``downscale`` divides the
         images' sides as ``--pipeline.datamanager.camera-res-scale-factor`` would, ``rlg_points`` picks the RLG's
-        point sets as ``--pipeline.datamanager.rlg-points`` does."""
+        point sets as ``--pipeline.datamanager.rlg-points`` does. Rows and regional keys are Z-ordered in COLMAP's
+        frame, a run's in the dataparser's (oriented and scaled): the regions may differ where views lie near a
+        region's border, and the order of views within a region may differ."""
         scene = Path(scene)
         if not scene.is_dir():
             raise FileNotFoundError(f"--scene {scene} does not exist; pass a folder holding sparse/0/")
@@ -126,8 +146,20 @@ class Workload:
         reconstruction = load_reconstruction(sparse)
         by_name = {image.name: image for image in reconstruction.images.values()}
         cameras = [colmap_camera(reconstruction, by_name[name], downscale) for name in names]
-        point_sets = "candidates" if rlg_points == "candidates" else tracks.for_names(names, rlg_points)
-        return cls.from_model(scene.name, initial_model(tracks.points_xyz), cameras, point_sets, margin)
+        # The runtime keeps its rows in Z-order from the start: the initial model's, and the points' ids with them.
+        params = initial_model(tracks.points_xyz)
+        order = spatial_order(params["means"])
+        params = {key: value[order] for key, value in params.items()}
+        new_id = torch.empty_like(order)
+        new_id[order] = torch.arange(order.numel())
+        # The SfM point sets as rows (COLMAP ids -> rows of points_xyz -> Z-ordered rows); the datamanager's
+        # regional keys come from them, whatever the RLG's point sets.
+        by_id = np.argsort(tracks.point3d_ids, kind="stable")
+        row_of = new_id.numpy()[by_id]  # row_of[k]: the row of the k-th smallest COLMAP id
+        sfm_sets = tracks.for_names(names, "in-view" if rlg_points == "candidates" else rlg_points)
+        key_sets = [np.sort(row_of[np.searchsorted(tracks.point3d_ids, ids, sorter=by_id)]) for ids in sfm_sets]
+        point_sets = "candidates" if rlg_points == "candidates" else key_sets
+        return cls.from_model(scene.name, params, cameras, point_sets, margin, key_sets)
 
     @classmethod
     def from_model(
@@ -137,10 +169,12 @@ class Workload:
         cameras: Sequence[Camera],
         point_sets: Sequence[np.ndarray] | Literal["candidates"] | None = None,
         margin: float | None = None,
+        key_sets: Sequence[np.ndarray] | None = None,
     ) -> Workload:
         """The views ``cameras`` [V] of a model (``means``, log-``scales``, ``quats``): C(v) culled by the runtime's
         index, A(v) the drawn rows; the RLG from ``point_sets`` (SfM tracks), from the C(v) with ``"candidates"``
-        (``--pipeline.datamanager.rlg-points candidates``), or from the drawn rows when None."""
+        (``--pipeline.datamanager.rlg-points candidates``), or from the drawn rows when None. The regional keys
+        come from ``key_sets`` (rows of the model; default: ``point_sets`` where given, else the drawn rows)."""
         defaults = OdinRuntimeConfig()
         margin = defaults.candidate_margin if margin is None else margin
         index = CullingIndex(params, GsplatAdapter(), margin, defaults.near_plane)
@@ -156,7 +190,13 @@ class Workload:
         else:
             sets = list(point_sets)
         rlg = RelativeLocalityGraph.from_point_sets(sets)
-        return cls(name, candidates, writes, pixels, rlg, int(params["means"].shape[0]))
+        num_rows = int(params["means"].shape[0])
+        if key_sets is None:
+            given = point_sets is not None and not isinstance(point_sets, str)
+            key_sets = sets if given else [rows.numpy() for rows in writes]
+        keys = view_keys(key_sets, np.arange(num_rows), params["means"].numpy())
+        return cls(name, candidates, writes, pixels, rlg, num_rows, view_keys=keys)
+
 
 def initial_model(points: np.ndarray) -> dict[str, Tensor]:
     """splatfacto's initial Gaussians on SfM ``points`` [P, 3]: means, log-scales (``culling/initial.py``) and

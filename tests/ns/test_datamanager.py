@@ -21,7 +21,8 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
-from odin_nerfstudio.simulation.workload import initial_model
+from odin_nerfstudio.simulation.simulator import SimulationConfig
+from odin_nerfstudio.simulation.workload import Workload, initial_model
 from tests.conftest import real_scene
 
 
@@ -206,3 +207,23 @@ def test_rlg_points_candidates_builds_the_rlg_from_the_runtimes_candidate_sets_o
     assert (candidates.schedule.rlg.weights != expected).nnz == 0
     assert (in_view.schedule.rlg.weights != expected).nnz > 0  # the option changed the graph
     assert candidates.schedule.config == in_view.schedule.config
+
+
+def test_a_sharded_simulation_trains_each_worker_on_the_region_a_sharded_run_gives_it(tmp_path: Path) -> None:
+    # odin-simulate --sharded schedules as odin-train --sharded does: the regional order, worker w the views of
+    # region w. Its keys are in the COLMAP frame and the datamanager's in the dataparser's (oriented, scaled), so
+    # the regions are compared as sets of views per worker over an epoch, not step by step.
+    street = make_scene(SynthConfig(preset="street", num_views=24, street_length=90.0, output=tmp_path / "street"))
+    for scene, workers in ((real_scene("kermit_320"), 2), (street, 4)):
+        sharded = make_datamanager(workers, scene=scene, scale=1.0, sharded=True).schedule
+        workload = Workload.from_colmap(scene, eval_interval=8)
+        simulated = workload.schedule(SimulationConfig(num_workers=workers, sharded=True).schedule_config())
+        replicated = workload.schedule(SimulationConfig(num_workers=workers).schedule_config())
+        assert sharded.config.order == simulated.config.order == "regions" and replicated.config.order == "rlg"
+
+        def regions(schedule: Schedule) -> list[set[int]]:
+            steps = [schedule.at(step).tasks for step in range(schedule.steps_per_epoch)]
+            return [{view for step in steps for view in step[worker]} for worker in range(workers)]
+
+        assert regions(simulated) == regions(sharded), scene
+        assert regions(replicated) != regions(sharded), scene  # the locality order mixes the regions

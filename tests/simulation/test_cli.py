@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tyro
 
 from odin_nerfstudio.simulation import cli
 from odin_nerfstudio.simulation.run_folder import read_run_settings
@@ -36,6 +37,7 @@ def test_run_settings_are_read_from_config_yml_without_nerfstudio(tmp_path: Path
     assert settings.scene == (TESTS_DATA / "kermit_320").resolve()
     assert (settings.mode, settings.interconnect, settings.steps) == ("barrier", "10gbe", 30)
     assert (settings.num_workers, settings.processes, settings.views_per_worker, settings.ring_slots) == (2, 2, 1, 4)
+    assert settings.schedule_order == "auto"  # a config without the key: the run's default
 
 
 def test_replay_compares_a_run_with_its_simulation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -61,3 +63,13 @@ def test_cli_simulates_the_sharded_mode_and_refuses_what_it_does_not_run(
     assert all(float(row.split("|")[3]) > 0 for row in rows)
     with pytest.raises(SystemExit, match="--sharded runs a rank per worker"):
         cli.main([*argv, "--sharded", "--modes", "ddp"])
+
+
+def test_a_sharded_simulation_schedules_in_the_regional_order_unless_told() -> None:
+    # as odin-train: --pipeline.datamanager.schedule-order auto is the regional order with --sharded, rlg without
+    def order(*argv: str) -> str:
+        parsed = tyro.cli(cli.SimulateCliConfig, args=list(argv))
+        return cli.simulation_config(parsed, "quality", 8).schedule_config().order
+
+    assert order("--sharded") == "regions" and order() == "rlg"
+    assert order("--sharded", "--schedule-order", "rlg") == "rlg" and order("--schedule-order", "random") == "random"

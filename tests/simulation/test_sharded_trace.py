@@ -49,7 +49,10 @@ def config(mode: str, **changes: float) -> OdinRuntimeConfig:
 
 
 def simulated(mode: str, workload, **changes: float) -> ShardedSimulation:
-    run = SimulationConfig(config(mode, **changes), WORKERS, PER_WORKER, STEPS, record_decisions=True, sharded=True)
+    # The locality order: the toy ring's workload has no regional keys, and its focal length is chosen for it.
+    run = SimulationConfig(
+        config(mode, **changes), WORKERS, PER_WORKER, STEPS, record_decisions=True, sharded=True, schedule_order="rlg"
+    )
     return ShardedSimulation(workload, COSTS, LINK, run)
 
 
