@@ -105,7 +105,8 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
 
     def schedule_config(self, world_size: int) -> ScheduleConfig:
         """The ScheduleConfig these options give in a world of ``world_size`` processes."""
-        from odin_nerfstudio.scheduling.schedule import ScheduleConfig, resolved_order
+        from odin_nerfstudio.scheduling.regions import resolved_order
+        from odin_nerfstudio.scheduling.schedule import ScheduleConfig
 
         workers = world_size if self.num_workers is None else self.num_workers
         if workers % world_size:

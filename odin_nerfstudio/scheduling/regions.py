@@ -18,6 +18,7 @@ replicated barrier holds under it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import math
 
@@ -25,6 +26,19 @@ import numpy as np
 import torch
 
 from odin_nerfstudio.core.row_order import codes_in, morton_frame
+
+Order = Literal["rlg", "random", "regions"]
+"""A schedule's order (``ScheduleConfig.order``): the locality schedule, the random control, or regions."""
+OrderOption = Literal["auto", "rlg", "random", "regions"]
+"""An order as the options name it (``--pipeline.datamanager.schedule-order``, ``odin-simulate --schedule-order``)."""
+
+
+def resolved_order(order: OrderOption, sharded: bool) -> Order:
+    """The order an ``auto`` option stands for: this regional order in the sharded mode (each rank reads mostly its
+    own shard), the locality schedule otherwise; any other order as given."""
+    if order == "auto":
+        return "regions" if sharded else "rlg"
+    return order
 
 
 def view_keys(point_sets: Sequence[np.ndarray], point_ids: np.ndarray, points_xyz: np.ndarray) -> np.ndarray:

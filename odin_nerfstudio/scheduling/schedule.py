@@ -69,7 +69,6 @@ import json
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -83,23 +82,12 @@ from odin_nerfstudio.scheduling.ordering import (
     order_groups,
     untangle,
 )
-from odin_nerfstudio.scheduling.regions import regional_steps, regions_of
+from odin_nerfstudio.scheduling.regions import Order, regional_steps, regions_of
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
 VERSION = 5
 _CACHED_EPOCHS = 2
-
-Order = Literal["rlg", "random", "regions"]
-OrderOption = Literal["auto", "rlg", "random", "regions"]
-
-
-def resolved_order(order: OrderOption, sharded: bool) -> Order:
-    """The order an ``auto`` option stands for: the regional order in the sharded mode (each rank reads mostly
-    its own shard, ``regions.py``), the locality schedule otherwise; any other order as given."""
-    if order == "auto":
-        return "regions" if sharded else "rlg"
-    return order
 
 
 @dataclass(frozen=True)

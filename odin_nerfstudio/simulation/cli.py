@@ -28,7 +28,7 @@ from odin_nerfstudio.core.timeline_metrics import load_run
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
 from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
-from odin_nerfstudio.scheduling.schedule import OrderOption
+from odin_nerfstudio.scheduling.regions import OrderOption
 from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
 from odin_nerfstudio.simulation.run_folder import read_run_settings

@@ -37,7 +37,8 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Decision
 from odin_nerfstudio.runtime.runtime import OdinRuntime
-from odin_nerfstudio.scheduling.schedule import OrderOption, Schedule, ScheduleConfig, resolved_order
+from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order
+from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.costs import CostModel
 from odin_nerfstudio.simulation.interconnect import Interconnect
