@@ -71,7 +71,7 @@ class Scene:
     scale: float
     eval_interval: int
     views: int
-    """Views each run trains by default: where the reference's held-out PSNR has stopped climbing."""
+    """Views each run trains by default (the scene's note below says how near its curve is to flat there)."""
 
 
 SCENES = {
@@ -81,8 +81,10 @@ SCENES = {
 }
 """kermit_320 (shipped; 320x240 -> 80x60, 8 train / 3 held out), fern (504x378 -> 80x60, 16 / 4) and fountain_p11
 (768x512 -> 77x51, 8 / 3): the smallest images at which a CPU trains a run in minutes. fern's held-out PSNR still
-climbed by 0.4 to 0.9 dB over the last fifth of 1,000 views (its 16 views take more), kermit_320's was flat after
-600; fountain_p11's peaks near 350 views and then falls (8 training views: the model overfits them)."""
+climbs 0.2 to 0.3 dB over the last fifth of 2,000 views and is flat within 0.1 dB over that of 8,000 (``--views
+8000``, about 35 minutes a run here: BENCHMARKS.md); 2,000 keeps every variant and seed within an afternoon.
+kermit_320's was flat after 600; fountain_p11's peaks near 350 views and then falls (8 training views: the model
+overfits them)."""
 
 
 @dataclass(frozen=True)
