@@ -108,13 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenes", nargs="+", choices=SCENES, default=list(SCENES), help="the predicted scenes")
     parser.add_argument("--workers", type=int, nargs="+", default=list(WORKERS), help="the predicted W")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per command before it is killed")
-    parser.add_argument("--quick", action="store_true", help="small scenes, a few steps, print only")
+    parser.add_argument("--quick", action="store_true", help="small scenes, a few steps, W = 8, print only")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     if args.quick:
         args.views, args.gaussians, args.iterations = 16, 6000, 4
         args.big_views, args.object_views, args.predict_steps, args.no_write = 128, 32, 4, True
+        args.workers = [8]
     return args
 
 
@@ -259,7 +260,9 @@ def report(
     within = sum(abs(r.error) <= TARGET_ERROR for r in replays)
     scenes = list(dict.fromkeys(workload for workload, _, _ in rows))
     at_64 = [(w, res) for w, workers, res in rows if workers == max(args.workers)]
+
     def ratio(res: dict[str, SimulationResult], run: str, barrier: str) -> str:
+        """``run``'s views/s over ``barrier``'s."""
         return f"{res[run].views_per_s / res[barrier].views_per_s:.2f}x"
 
     speedups = "; ".join(
@@ -309,8 +312,7 @@ def report(
         (
             f"Sharded quality-first over the sharded barrier at {max(args.workers)} workers, regional order: "
             f"{speedups} (target >= {TARGET_SPEEDUP_64}x; the paper: {PAPER_SPEEDUP_64}x over Grendel). Where sharded "
-            "quality-first "
-            "overtakes replicated quality-first: "
+            "quality-first overtakes replicated quality-first: "
             + "; ".join(f"{w.name.split(',')[0]}: {overtakes(rows, w)}" for w in scenes)
             + "."
         ),

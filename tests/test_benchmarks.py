@@ -102,6 +102,7 @@ def test_bench_simulate_sharded_quick_replays_sharded_runs_and_predicts_without_
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| sharded run (2 gloo ranks) |" in result.stdout and "| throughput |" in result.stdout
     assert "| citygen city, 128 views" in result.stdout and "sharded quality / sharded barrier" in result.stdout
+    assert "locality order: sharded quality / sharded barrier" in result.stdout  # both orders predicted
 
 
 def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() -> None:
