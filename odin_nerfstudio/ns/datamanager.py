@@ -58,6 +58,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
+from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order, view_keys
 
 if TYPE_CHECKING:
     from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
@@ -79,7 +80,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     gradients summed, one update (a plain nerfstudio loop over `next_train` would take one view per iteration)."""
     schedule_seed: int = 0
     """Seeds the schedule's per-epoch shuffle."""
-    schedule_order: Literal["auto", "rlg", "random", "regions"] = "auto"
+    schedule_order: OrderOption = "auto"
     """rlg: Odin's locality schedule (consecutive steps loosely connected); random: a seeded random order of the
     views, the paper's "overlap without locality" control; regions: each worker the views of its own region of the
     scene (`scheduling/regions.py`), so that sharded ranks read mostly their own rows; auto: regions with --sharded,
@@ -105,7 +106,6 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
 
     def schedule_config(self, world_size: int) -> ScheduleConfig:
         """The ScheduleConfig these options give in a world of ``world_size`` processes."""
-        from odin_nerfstudio.scheduling.regions import resolved_order
         from odin_nerfstudio.scheduling.schedule import ScheduleConfig
 
         workers = world_size if self.num_workers is None else self.num_workers
@@ -239,8 +239,6 @@ class OdinDatamanager(FullImageDatamanager):
         config = self.config.schedule_config(self.world_size)
         keys = None
         if config.order == "regions":
-            from odin_nerfstudio.scheduling.regions import view_keys
-
             keys = view_keys(tracks, np.asarray(metadata["points3D_ids"]), np.asarray(metadata["points3D_xyz"]))
         point_sets = self.candidate_sets() if self.config.rlg_points == "candidates" else tracks
         return Schedule(RelativeLocalityGraph.from_point_sets(point_sets), config, self.view_pixels, view_keys=keys)

@@ -100,14 +100,9 @@ class Workload:
         return replace(self, sizes=merged)
 
     def schedule(self, config: ScheduleConfig) -> Schedule:
-        """The schedule of these views for ``config`` (W, B, K, seed, order), as the datamanager compiles it.
-
-        Raises:
-            ValueError: the regional order asked of a workload without view keys.
-        """
-        if config.order == "regions" and self.view_keys is None:
-            raise ValueError(f"workload {self.name} has no regional order: it was built without view keys")
-        return Schedule(self.rlg, config, self.pixels, view_keys=self.view_keys if config.order == "regions" else None)
+        """The schedule of these views for ``config`` (W, B, K, seed, order), as the datamanager compiles it
+        (``Schedule`` refuses the regional order of a workload without view keys)."""
+        return Schedule(self.rlg, config, self.pixels, view_keys=self.view_keys)
 
     def mean_candidate_share(self) -> float:
         """Mean |C(v)| / N: how much of the model a view reads (dense scenes near 1, streets small)."""
@@ -146,20 +141,15 @@ class Workload:
         reconstruction = load_reconstruction(sparse)
         by_name = {image.name: image for image in reconstruction.images.values()}
         cameras = [colmap_camera(reconstruction, by_name[name], downscale) for name in names]
-        # The runtime keeps its rows in Z-order from the start: the initial model's, and the points' ids with them.
+        # The runtime keeps its rows in Z-order from the start (the RLG's point sets are COLMAP ids: it needs no rows).
         params = initial_model(tracks.points_xyz)
         order = spatial_order(params["means"])
         params = {key: value[order] for key, value in params.items()}
-        new_id = torch.empty_like(order)
-        new_id[order] = torch.arange(order.numel())
-        # The SfM point sets as rows (COLMAP ids -> rows of points_xyz -> Z-ordered rows); the datamanager's
-        # regional keys come from them, whatever the RLG's point sets.
-        by_id = np.argsort(tracks.point3d_ids, kind="stable")
-        row_of = new_id.numpy()[by_id]  # row_of[k]: the row of the k-th smallest COLMAP id
+        # The datamanager's regional keys come from the SfM point sets, whatever the RLG's.
         sfm_sets = tracks.for_names(names, "in-view" if rlg_points == "candidates" else rlg_points)
-        key_sets = [np.sort(row_of[np.searchsorted(tracks.point3d_ids, ids, sorter=by_id)]) for ids in sfm_sets]
-        point_sets = "candidates" if rlg_points == "candidates" else key_sets
-        return cls.from_model(scene.name, params, cameras, point_sets, margin, key_sets)
+        keys = view_keys(sfm_sets, tracks.point3d_ids, tracks.points_xyz)
+        point_sets = "candidates" if rlg_points == "candidates" else sfm_sets
+        return cls.from_model(scene.name, params, cameras, point_sets, margin, keys)
 
     @classmethod
     def from_model(
@@ -169,12 +159,13 @@ class Workload:
         cameras: Sequence[Camera],
         point_sets: Sequence[np.ndarray] | Literal["candidates"] | None = None,
         margin: float | None = None,
-        key_sets: Sequence[np.ndarray] | None = None,
+        keys: np.ndarray | None = None,
     ) -> Workload:
         """The views ``cameras`` [V] of a model (``means``, log-``scales``, ``quats``): C(v) culled by the runtime's
         index, A(v) the drawn rows; the RLG from ``point_sets`` (SfM tracks), from the C(v) with ``"candidates"``
-        (``--pipeline.datamanager.rlg-points candidates``), or from the drawn rows when None. The regional keys
-        come from ``key_sets`` (rows of the model; default: ``point_sets`` where given, else the drawn rows)."""
+        (``--pipeline.datamanager.rlg-points candidates``), or from the drawn rows when None. ``keys``: the views'
+        regional keys (default: ``regions.view_keys`` of ``point_sets`` as rows of the model where given, else of
+        the drawn rows)."""
         defaults = OdinRuntimeConfig()
         margin = defaults.candidate_margin if margin is None else margin
         index = CullingIndex(params, GsplatAdapter(), margin, defaults.near_plane)
@@ -191,10 +182,10 @@ class Workload:
             sets = list(point_sets)
         rlg = RelativeLocalityGraph.from_point_sets(sets)
         num_rows = int(params["means"].shape[0])
-        if key_sets is None:
+        if keys is None:
             given = point_sets is not None and not isinstance(point_sets, str)
             key_sets = sets if given else [rows.numpy() for rows in writes]
-        keys = view_keys(key_sets, np.arange(num_rows), params["means"].numpy())
+            keys = view_keys(key_sets, np.arange(num_rows), params["means"].numpy())
         return cls(name, candidates, writes, pixels, rlg, num_rows, view_keys=keys)
 
 

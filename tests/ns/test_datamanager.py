@@ -213,6 +213,11 @@ def test_a_sharded_simulation_trains_each_worker_on_the_region_a_sharded_run_giv
     # odin-simulate --sharded schedules as odin-train --sharded does: the regional order, worker w the views of
     # region w. Its keys are in the COLMAP frame and the datamanager's in the dataparser's (oriented, scaled), so
     # the regions are compared as sets of views per worker over an epoch, not step by step.
+    def regions(schedule: Schedule) -> list[set[int]]:
+        """Each worker's views over the first epoch."""
+        steps = [schedule.at(step).tasks for step in range(schedule.steps_per_epoch)]
+        return [{view for step in steps for view in step[worker]} for worker in range(schedule.config.num_workers)]
+
     street = make_scene(SynthConfig(preset="street", num_views=24, street_length=90.0, output=tmp_path / "street"))
     for scene, workers in ((real_scene("kermit_320"), 2), (street, 4)):
         sharded = make_datamanager(workers, scene=scene, scale=1.0, sharded=True).schedule
@@ -220,10 +225,5 @@ def test_a_sharded_simulation_trains_each_worker_on_the_region_a_sharded_run_giv
         simulated = workload.schedule(SimulationConfig(num_workers=workers, sharded=True).schedule_config())
         replicated = workload.schedule(SimulationConfig(num_workers=workers).schedule_config())
         assert sharded.config.order == simulated.config.order == "regions" and replicated.config.order == "rlg"
-
-        def regions(schedule: Schedule) -> list[set[int]]:
-            steps = [schedule.at(step).tasks for step in range(schedule.steps_per_epoch)]
-            return [{view for step in steps for view in step[worker]} for worker in range(workers)]
-
         assert regions(simulated) == regions(sharded), scene
         assert regions(replicated) != regions(sharded), scene  # the locality order mixes the regions
