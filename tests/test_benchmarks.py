@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,11 +25,46 @@ def load_report():
     return module
 
 
-def run_quick(name: str, timeout: float) -> subprocess.CompletedProcess:
+TIMEOUTS = {
+    "bench_runtime": 600,
+    "bench_train": 900,
+    "bench_compile": 600,
+    "bench_lanes": 600,
+    "bench_shard_memory": 300,
+    "bench_simulate_sharded": 900,
+    "bench_escapes": 300,
+    "bench_point_sets": 600,
+    "bench_quality": 900,
+}
+"""Each benchmark's quick run's time limit in seconds (two run at once, so each may take longer than alone)."""
+Quick = Callable[[str], subprocess.CompletedProcess]
+"""Waits for a benchmark's quick run (:func:`quick`) and gives its result."""
+
+
+def run_quick(name: str) -> subprocess.CompletedProcess:
     """``benchmarks/<name>.py --quick`` in a subprocess, from the repository root."""
     script = ROOT / "benchmarks" / f"{name}.py"
     command = [sys.executable, str(script), "--quick"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUTS[name], check=False, cwd=ROOT)
+
+
+def benchmark_of(item: pytest.Item) -> str | None:
+    """The benchmark a test of this module runs quick (``test_<benchmark>_quick_...``), or None."""
+    found = re.match(r"test_(bench_\w+?)_quick_", item.name)
+    return found.group(1) if found and item.path == Path(__file__) else None
+
+
+@pytest.fixture(scope="module")
+def quick(request: pytest.FixtureRequest) -> Iterator[Quick]:
+    """The quick runs of the benchmarks whose tests this session runs, started with the first of them, two at a time
+    in test order. Each run is mostly process start-ups and one-thread ranks waiting for each other, so two at once
+    fill the 2 cores a lone one leaves half idle (the suite's time)."""
+    names = [name for item in request.session.items if (name := benchmark_of(item)) is not None]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {name: pool.submit(run_quick, name) for name in names}
+        yield lambda name: runs[name].result()
+        for run in runs.values():
+            run.cancel()
 
 
 def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
@@ -41,8 +79,8 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert text.index("<!-- a:start -->") < text.index("<!-- b:start -->")
 
 
-def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
-    result = run_quick("bench_runtime", timeout=600)
+def test_bench_runtime_quick_trains_both_modes_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_runtime")
     assert result.returncode == 0, result.stderr
     assert "Quality-first ended bit-identical to barrier in every run: yes" in result.stdout
     assert "**bookkeeping share of step time**" in result.stdout
@@ -53,8 +91,8 @@ def test_bench_runtime_quick_trains_both_modes_and_writes_nothing() -> None:
 
 
 @pytest.mark.slow
-def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes_nothing() -> None:
-    result = run_quick("bench_train", timeout=900)
+def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_train")
     assert result.returncode == 0, result.stderr[-3000:]
     header = "| figure | ddp | barrier | quality | throughput | hogwild |"
     assert header in result.stdout and "**views/s**" in result.stdout
@@ -65,8 +103,8 @@ def test_bench_train_quick_trains_every_mode_and_control_on_two_ranks_and_writes
     assert "updated" not in result.stdout
 
 
-def test_bench_compile_quick_compiles_and_reports_balance_and_writes_nothing() -> None:
-    result = run_quick("bench_compile", timeout=600)
+def test_bench_compile_quick_compiles_and_reports_balance_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_compile")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "**compile time, wall** (median: RLG + schedule)" in result.stdout
     balance = [line for line in result.stdout.splitlines() if line.startswith(("| city 2k |", "| street 1k |"))]
@@ -74,16 +112,16 @@ def test_bench_compile_quick_compiles_and_reports_balance_and_writes_nothing() -
     assert "updated" not in result.stdout
 
 
-def test_bench_lanes_quick_runs_one_and_two_lanes_bit_identically_and_writes_nothing() -> None:
-    result = run_quick("bench_lanes", timeout=600)
+def test_bench_lanes_quick_runs_one_and_two_lanes_bit_identically_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_lanes")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| most tasks in flight | 1 | 1 | 2 | 2 |" in result.stdout
     assert "quality x2 bit-identical to barrier x1 in every round: **yes**" in result.stdout
     assert "updated" not in result.stdout
 
 
-def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_writes_nothing() -> None:
-    result = run_quick("bench_shard_memory", timeout=300)
+def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_shard_memory")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| W | largest shard rows / N | shard MiB (max over ranks) | replicated MiB | ratio |" in result.stdout
     cells = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| ")]
@@ -97,16 +135,16 @@ def test_bench_shard_memory_quick_measures_every_rank_against_the_replica_and_wr
 
 
 @pytest.mark.slow
-def test_bench_simulate_sharded_quick_replays_sharded_runs_and_predicts_without_writing() -> None:
-    result = run_quick("bench_simulate_sharded", timeout=900)
+def test_bench_simulate_sharded_quick_replays_sharded_runs_and_predicts_without_writing(quick: Quick) -> None:
+    result = quick("bench_simulate_sharded")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| sharded run (2 gloo ranks) |" in result.stdout and "| throughput |" in result.stdout
     assert "| citygen city, 128 views" in result.stdout and "sharded quality / sharded barrier" in result.stdout
     assert "locality order: sharded quality / sharded barrier" in result.stdout  # both orders predicted
 
 
-def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() -> None:
-    result = run_quick("bench_escapes", timeout=300)
+def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_escapes")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| inside_shell")]
     assert len(rows) == 4 and all(row[3].strip() == "0.0%" for row in rows)
@@ -115,8 +153,8 @@ def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing() 
 
 
 @pytest.mark.slow
-def test_bench_point_sets_quick_judges_every_point_set_by_drawn_rows_and_writes_nothing() -> None:
-    result = run_quick("bench_point_sets", timeout=600)
+def test_bench_point_sets_quick_judges_every_point_set_by_drawn_rows_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_point_sets")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.strip("|").split("|") for line in result.stdout.splitlines() if line.startswith("| kermit_320")]
     assert [row[6].strip() for row in rows] == ["in-view", "observed", "candidates"]
@@ -124,8 +162,8 @@ def test_bench_point_sets_quick_judges_every_point_set_by_drawn_rows_and_writes_
     assert "updated" not in result.stdout
 
 
-def test_bench_quality_quick_trains_every_variant_through_the_cli_and_writes_nothing() -> None:
-    result = run_quick("bench_quality", timeout=900)
+def test_bench_quality_quick_trains_every_variant_through_the_cli_and_writes_nothing(quick: Quick) -> None:
+    result = quick("bench_quality")
     assert result.returncode == 0, result.stderr[-3000:]
     for label in ("ddp, 1 worker (dense Adam: reference)", "throughput, 2 gloo ranks (replicated)", "sharded quality, 2"):
         assert label in result.stdout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import traceback
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from odin_nerfstudio.comm.replicas import check_replicas
 from odin_nerfstudio.scheduling.colmap_model import import_pycolmap
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from odin_nerfstudio.ns import command_line
+from tests.ns import processes
+from tests.ns.processes import finish
 
 ITERATIONS = 14
 
@@ -41,25 +42,24 @@ def final_state(output: Path, name: str) -> dict:
     return torch.load(path, map_location="cpu")
 
 
-def run_one_thread(command: list[str]) -> str:
-    """Run a command with one intra-op thread (as each rank has), so both runs round alike; returns its output."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, f"{command[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result.stdout + result.stderr
+def run_one_thread(*commands: list[str]) -> list[str]:
+    """Run ``commands`` at once, each with one intra-op thread (as each rank has) so that all runs round alike;
+    their outputs."""
+    return [finish(run) for run in [processes.start(*command, one_thread=True) for command in commands]]
 
 
 @pytest.mark.slow
 def test_torchrun_two_gloo_ranks_equal_two_virtual_workers(tmp_path: Path) -> None:
     scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
-    output = run_one_thread(train_command(scene, tmp_path, "ranks", ranks=2))
+    virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier"]
+    output, _ = run_one_thread(
+        train_command(scene, tmp_path, "ranks", ranks=2), train_command(scene, tmp_path, "virtual", *virtual)
+    )
     assert "rank 1 of 2 (gloo)" in output
     assert output.count("Training Finished") == 1, "rank 0 alone speaks for the job"
     assert output.count("LPIPS skipped") <= 1, "rank 0 alone warns that LPIPS is skipped"
     run = tmp_path / "ranks" / "odin-splat" / "run"
     assert (run / "odin_timeline_rank0.json").exists() and (run / "odin_timeline_rank1.json").exists()
-    virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier"]
-    run_one_thread(train_command(scene, tmp_path, "virtual", *virtual))
 
     ranks, virtual = final_state(tmp_path, "ranks"), final_state(tmp_path, "virtual")
     params = [key for key in ranks["pipeline"] if "gauss_params" in key]
@@ -87,9 +87,9 @@ def test_two_tasks_in_flight_per_gloo_rank_equal_the_barrier_across_a_densificat
     running both workers as virtual workers one task at a time (barrier), across a densification."""
     scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
     lanes = ["--runtime.tasks-in-flight", "2", *LANES_DENSIFY]
-    run_one_thread(train_command(scene, tmp_path, "ranks", *lanes, ranks=2))
     virtual = ["--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier", *LANES_DENSIFY]
-    run_one_thread(train_command(scene, tmp_path, "virtual", *virtual))
+    on_ranks = train_command(scene, tmp_path, "ranks", *lanes, ranks=2)
+    run_one_thread(on_ranks, train_command(scene, tmp_path, "virtual", *virtual))
 
     run = tmp_path / "ranks" / "odin-splat" / "run"
     for rank in range(2):

@@ -12,7 +12,8 @@ import torch
 from odin_nerfstudio.ns.memory_cap import GIB, MemoryCapError, check_memory_cap
 from odin_nerfstudio.runtime.ownership import row_bytes
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
-from tests.ns.test_sharded_training import run_folder, train
+from tests.ns.processes import finish
+from tests.ns.test_sharded_training import run_folder, start
 
 PARAMS = {"means": torch.zeros(1, 3), "scales": torch.zeros(1, 3), "opacities": torch.zeros(1, 1)}
 
@@ -39,9 +40,10 @@ def test_a_scene_over_one_process_budget_trains_sharded_on_four_ranks(tmp_path: 
     scene = make_scene(SynthConfig(preset="object", num_views=12, output=tmp_path / "object"))
     cap = ["--memory-cap-gib", "0.0008"]  # about 0.7 of the initial model's 0.0011 GiB
     cap += ["--pipeline.model.warmup-length", "1000"]  # no densification in these few steps
+    replicated = start(scene, tmp_path, "replicated", *cap, iterations=4)
+    finish(start(scene, tmp_path, "sharded", *cap, "--sharded", "True", ranks=4, iterations=4))
     with pytest.raises(AssertionError, match="--memory-cap-gib 0.0008. Train the scene sharded"):
-        train(scene, tmp_path, "replicated", *cap, iterations=4)
+        finish(replicated)
     assert not list((run_folder(tmp_path, "replicated") / "nerfstudio_models").glob("*.ckpt"))
-    train(scene, tmp_path, "sharded", *cap, "--sharded", "True", ranks=4, iterations=4)
     counters = json.loads((run_folder(tmp_path, "sharded") / "odin_counters_rank3.json").read_text())
     assert counters["publications"] == 4

@@ -5,10 +5,8 @@ resume from a shard checkpoint; ns-eval and ns-export on the consolidated checkp
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,9 @@ from odin_nerfstudio.ns import command_line
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.ns.sharded_training import scheduled_rates
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
-from tests.ns.test_training import real_scene, run_cli
+from tests.ns import processes
+from tests.ns.processes import Started, finish
+from tests.ns.test_training import real_scene
 
 ITERATIONS = 14
 REGIONS = ("--pipeline.datamanager.schedule-order", "regions")
@@ -35,14 +35,6 @@ DENSIFY = [
 kept (a resume starts from the middle one)."""
 
 
-@dataclass
-class Started:
-    """A training command started (:func:`start`), to be waited for by :func:`finish`."""
-
-    name: str
-    process: subprocess.Popen
-
-
 def start(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> Started:
     """Start training ``name`` (ITERATIONS steps, a checkpoint every 7) with one intra-op thread per process.
     Runs started together overlap their start-ups and waits (the suite's time on 2 cores)."""
@@ -50,25 +42,13 @@ def start(scene: Path, output: Path, name: str, *options: str, ranks: int | None
         "odin-splat", scene, output, flags.pop("iterations", ITERATIONS), ranks=ranks, experiment_name=name,
         steps_per_save=7, options=[*DENSIFY, *options], **flags,
     )  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    return Started(name, process)
+    return replace(processes.start(*command, one_thread=True), name=name)
 
 
-def finish(run: Started) -> str:
-    """Wait for ``run`` (at most 10 minutes); its output, once it succeeded."""
-    try:
-        stdout, stderr = run.process.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        run.process.kill()
-        stdout, stderr = run.process.communicate()
-    assert run.process.returncode == 0, f"{run.name} failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
-    return stdout + stderr
-
-
-def train(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> str:
-    """Train ``name`` (see :func:`start`) and wait for it; its output."""
-    return finish(start(scene, output, name, *options, ranks=ranks, **flags))
+def evaluate(output: Path, name: str) -> Started:
+    """Start ns-eval on run ``name``'s latest checkpoint, writing ``output / name.json``."""
+    config = run_folder(output, name) / "config.yml"
+    return processes.start("ns-eval", "--load-config", str(config), "--output-path", str(output / f"{name}.json"))
 
 
 def run_folder(output: Path, name: str) -> Path:
@@ -126,35 +106,36 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
                 assert torch.equal(moments[f"{param}.{key}"], state["state"][0][key]), (name, param, key)
     counters = json.loads((run_folder(tmp_path, "barrier") / "odin_counters_rank0.json").read_text())
     assert counters["restructures"] > 0 and counters["rows_fetched"] > 0
-    drawn = run_cli("odin-timeline", str(run_folder(tmp_path, "quality")))
-    assert "views/s" in drawn.stdout and (run_folder(tmp_path, "quality") / "odin_timeline.png").exists()
-
-    # Resume the sharded barrier from its checkpoint of step 7, across the later refinements.
-    models = run_folder(tmp_path, "barrier") / "nerfstudio_models"
-    resume = ["--sharded", "True", "--runtime.mode", "barrier", "--load-dir", str(models), "--load-step", "7"]
-    train(scene, tmp_path, "resumed", *resume, ranks=2, iterations=ITERATIONS - 8)
+    # After training, everything else at once (the suite's time: each command is mostly its start-up): the timeline;
+    # resuming the sharded barrier from its checkpoint of step 7, across the later refinements; ns-eval and
+    # ns-export on the consolidated checkpoint (the whole model); and resumes that must be refused, with another W
+    # or with a shard of the last step missing.
+    folder, models = run_folder(tmp_path, "barrier"), run_folder(tmp_path, "barrier") / "nerfstudio_models"
+    last = ITERATIONS - 1
+    shutil.move(folder / "odin_shards" / f"step-{last:09d}.rank-1-of-2.ckpt", tmp_path / "moved.ckpt")
+    sharded = ["--sharded", "True", "--runtime.mode", "barrier", "--load-dir", str(models)]
+    later = [
+        processes.start("odin-timeline", str(run_folder(tmp_path, "quality"))),
+        start(scene, tmp_path, "resumed", *sharded, "--load-step", "7", ranks=2, iterations=ITERATIONS - 8),
+        evaluate(tmp_path, "virtual"),
+        evaluate(tmp_path, "barrier"),
+        processes.start("ns-export", "gaussian-splat", "--load-config", str(folder / "config.yml"), "--output-dir",
+                        str(tmp_path / "export")),
+        start(scene, tmp_path, "one", "--sharded", "True", "--load-dir", str(models), iterations=2),
+        start(scene, tmp_path, "lost", *sharded, "--load-step", str(last), ranks=2, iterations=2),
+    ]  # fmt: skip
+    drawn, *_ = map(finish, later[:5])
+    assert "views/s" in drawn and (run_folder(tmp_path, "quality") / "odin_timeline.png").exists()
     assert_same_params(checkpoint(tmp_path, "resumed"), virtual)
-
-    # ns-eval and ns-export see the whole model (the consolidated checkpoint).
-    psnr = {}
-    for name in ("virtual", "barrier"):
-        config = run_folder(tmp_path, name) / "config.yml"
-        run_cli("ns-eval", "--load-config", str(config), "--output-path", str(tmp_path / f"{name}.json"))
-        psnr[name] = json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"]
-    assert psnr["barrier"] == psnr["virtual"]
-    config = run_folder(tmp_path, "barrier") / "config.yml"
-    run_cli("ns-export", "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path / "export"))
+    psnr = [json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"] for name in ("virtual", "barrier")]
+    assert psnr[0] == psnr[1]
     ply = (tmp_path / "export" / "splat.ply").read_bytes()
     vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
     assert vertices == params_of(virtual)["_model.gauss_params.means"].shape[0]
-
-    # Resuming with another W, or without a shard, says what is wrong.
     with pytest.raises(AssertionError, match="saved by 2 shards and this run has 1"):
-        train(scene, tmp_path, "one", "--sharded", "True", "--load-dir", str(models), iterations=2)
-    shard = run_folder(tmp_path, "barrier") / "odin_shards" / "step-000000007.rank-1-of-2.ckpt"
-    shutil.move(shard, tmp_path / "moved.ckpt")
+        finish(later[5])
     with pytest.raises(AssertionError, match="rank-1-of-2.ckpt of .* are missing"):
-        train(scene, tmp_path, "lost", *resume, ranks=2, iterations=2)
+        finish(later[6])
 
 
 @pytest.mark.slow
@@ -188,11 +169,10 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     folder = run_folder(tmp_path, "throughput")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     print("throughput stale reads", [c["stale_reads"] for c in counters], "re-runs", [c["reruns"] for c in counters])
-    psnr = {}
-    for name in ("barrier", "throughput"):
-        config = run_folder(tmp_path, name) / "config.yml"
-        run_cli("ns-eval", "--load-config", str(config), "--output-path", str(tmp_path / f"{name}.json"))
-        psnr[name] = json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"]
+    names = ("barrier", "throughput")
+    for run in [evaluate(tmp_path, name) for name in names]:
+        finish(run)
+    psnr = {name: json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"] for name in names}
     print("PSNR", psnr)
     assert abs(psnr["throughput"] - psnr["barrier"]) <= 0.01 * psnr["barrier"]
     manifest = json.loads((folder / "odin_shards" / f"step-{ITERATIONS - 1:09d}.json").read_text())

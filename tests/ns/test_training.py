@@ -17,8 +17,9 @@ import torch
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.ns.command_line import free_port, train_command
 from tests.conftest import real_scene
+from tests.ns import processes
+from tests.ns.processes import BIN, finish
 
-BIN = Path(sys.executable).parent
 SMALL_ARGS = ["--pipeline.model.num-downscales", "0", "--pipeline.datamanager.camera-res-scale-factor", "0.25"]
 
 
@@ -167,18 +168,13 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     checkpoint = torch.load(resumed / "nerfstudio_models" / "step-000000029.ckpt", map_location="cpu")
     assert checkpoint["step"] == 29, "the resumed run continues from step 20 for 10 more iterations"
 
-    run_cli("ns-eval", "--load-config", str(resumed / "config.yml"), "--output-path", str(tmp_path / "eval.json"))
+    config = str(resumed / "config.yml")  # ns-eval and ns-export at once (the suite's time)
+    evaluated = processes.start("ns-eval", "--load-config", config, "--output-path", str(tmp_path / "eval.json"))
+    export = ["ns-export", "gaussian-splat", "--load-config", config, "--output-dir", str(tmp_path / "export")]
+    finish(processes.start(*export))
+    finish(evaluated)
     results = json.loads((tmp_path / "eval.json").read_text())["results"]
     assert results["psnr"] > 10.0
-
-    run_cli(
-        "ns-export",
-        "gaussian-splat",
-        "--load-config",
-        str(resumed / "config.yml"),
-        "--output-dir",
-        str(tmp_path / "export"),
-    )
     ply = (tmp_path / "export" / "splat.ply").read_bytes()
     vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
     assert vertices == checkpoint["pipeline"]["_model.gauss_params.means"].shape[0]

@@ -1,7 +1,7 @@
 """Quality-first equals the barrier baseline bit for bit on real and synthetic scenes with OdinSplatModel.
 
 68 schedule steps on W = 2 and 4 virtual workers, including one densification (grow and prune) and opacity
-resets, under round-robin, run-ahead and random interleavings: parameters and Adam moments are `torch.equal`.
+resets, under run-ahead and random interleavings: parameters and Adam moments are `torch.equal`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def pipeline_config(scene: Path, workers: int, scale: float) -> VanillaPipelineC
 
 
 def interleavings(workers: int) -> dict[str, list[int]]:
-    """Round robin, the first or last worker running ahead, and a seeded random order of turns."""
+    """The first or last worker running ahead, and a seeded random order of turns (round robin, the order the
+    baseline itself takes turns in, is left out: it tries least and cost a fifth of this test's time)."""
     return {
-        "round-robin": [],
         "first-ahead": [0] * 60,
         "last-ahead": [workers - 1] * 40 + [0] * 10,
         "random": random.Random(workers).choices(range(workers), k=300),
