@@ -18,7 +18,9 @@ plane:
   exchanges run one after another, as ``comm/all_to_all.RowAllToAll``'s progress thread runs them.
 
 The tables are real and tiny: ``means`` and ``scales`` [n, 3] per shard, with their Adam moments. Shards are cut by
-load as ``odin-train --sharded`` cuts them (``ownership.cut_by_load`` of each row's views, counted on the sets).
+load as ``odin-train --sharded`` cuts them (``ownership.cut_by_load`` of each row's views, counted on the sets), and
+each rank places the workers before the first step as it does (``ShardedLoop.place``: one exchange of each owner's
+rows per view).
 Left out, as in the replicated simulator: structural changes (no re-cut, no row moves), the adaptive batch rule's
 gathers, evaluation and checkpoints, contention between ranks, a GPU's overlap of compute and communication; an
 owner's culling and serving take no time of their own (a fitted run's trainer time per step,
@@ -230,8 +232,10 @@ class ShardedSimulation(Simulation):
         exchange = ModeledRowExchange(config.num_workers, self.clock, self.interconnect, traces)
         cuts = self.cuts()
         self.loops = loops = [self._rank(rank, cuts, exchange, traces) for rank in range(config.num_workers)]
+        views = [Task(0, 0, 0, view, self._cameras[view]) for view in range(self.workload.num_views)]
 
         def work(loop: ShardedLoop) -> None:
+            loop.place(views)  # each worker on the rank owning most of its rows, as a sharded run places them
             for step in range(config.steps):
                 self.clock.spend(self.costs.step_overhead_s)
                 loop.iteration(step)

@@ -24,6 +24,7 @@ from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 from odin_nerfstudio.runtime.metering import Decision, Meter
+from odin_nerfstudio.runtime.placement import by_rank
 from odin_nerfstudio.runtime.sharding import Owner, Reader
 from odin_nerfstudio.scenes import toy
 from odin_nerfstudio.simulation.costs import CostModel, LinearFit
@@ -117,9 +118,11 @@ def real_traces(
             runtime.stale_grad_ratio, runtime.max_staleness, executor=_InlineLane(), fetch_ahead=runtime.fetch_ahead,
         ))  # fmt: skip
     errors = []
+    views = [Task(0, 0, 0, view, cameras[view]) for view in range(simulation.workload.num_views)]
 
     def run(loop: ShardedLoop) -> None:
         try:
+            loop.place(views)  # as a sharded run places its workers, and the simulator
             for step in range(STEPS):
                 loop.iteration(step)
         except BaseException as error:  # noqa: BLE001 - reported below
@@ -159,8 +162,8 @@ def test_three_steps_fetched_ahead_take_the_same_decisions_in_the_simulator() ->
     predicted = [list(trace) for trace in simulation.run().decisions]
     actual, _ = real_traces("quality", cameras, simulation, ring_slots=4)
     whats = [d.detail[0] for d in actual[0] if d.kind == "exchange"]
-    # Step 1's clean part rides on the fetch of step 0, steps 2 and 3's on its return.
-    assert whats[:2] == ["fetch of step 0", "return of step 0"]
+    # After the placement's exchange, step 1's clean part rides on the fetch of step 0, steps 2 and 3's on its return.
+    assert whats[:3] == ["rows seen per view", "fetch of step 0", "return of step 0"]
     assert predicted == actual
 
 
@@ -191,15 +194,20 @@ def test_the_loop_publishes_beside_the_tasks_rendering_ahead_on_its_lane() -> No
 
 
 def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publication() -> None:
-    """By hand: per step, the fetch (two collectives' latencies and the largest piece, 24 + VALUE_BYTES a row),
-    the slower rank's render, the return (8 + VALUE_BYTES a row) and the slower owner's publication."""
+    """By hand: the placement's exchange (a count per view), then per step the fetch (two collectives' latencies and
+    the largest piece, 24 + VALUE_BYTES a row), the slower rank's render, the return (8 + VALUE_BYTES a row) and the
+    slower owner's publication, each worker on the rank the placement chose."""
     workload, _ = scene_workload(FOCAL)
     simulation = simulated("barrier", workload)
     simulation.measured = {(s, v): 0.01 + 0.02 * (v % 3) for s in range(STEPS) for v in range(workload.num_views)}
-    cuts = simulation.cuts()
-    expected, published = [], 0.0
+    simulation.config.record_decisions = False
+    result = simulation.run()
+    cuts, placement = simulation.cuts(), simulation.loops[0].placement
+    counts = 8 * workload.num_views
+    expected, published = [], LINK.all_to_all_s([[counts] * WORKERS] * WORKERS)
     for step in range(STEPS):
-        tasks = simulation._step_tasks(step)[0]
+        workers = simulation._step_tasks(step)[0]
+        tasks = by_rank(workers, placement.ranks_of(workers))
         rows = [torch.unique(torch.cat([workload.candidates[t.view] for t in rank])) for rank in tasks]
         ranges = [cuts.range(owner) for owner in range(WORKERS)]
         owned = [[int(((r >= lo) & (r < hi)).sum()) for lo, hi in ranges] for r in rows]
@@ -212,8 +220,6 @@ def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publicati
         published += fetch + render + back + max(COSTS.publish_s(n) for n in merged)
         expected.append(published)
     ends = {}
-    simulation.config.record_decisions = False
-    result = simulation.run()
     for rank in result.metrics.ranks:
         assert rank.views == STEPS * PER_WORKER and rank.exposed_wait_s > 0
     for loop in simulation.loops:
@@ -221,3 +227,4 @@ def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publicati
             if event.name == "publish":
                 ends[event.step] = max(ends.get(event.step, 0.0), event.end_ns / 1e9)
     assert [ends[step] for step in range(STEPS)] == pytest.approx(expected, rel=1e-6)
+    assert sum(loop.counters.placed for loop in simulation.loops) > 0, "some step ran a worker on another rank"
