@@ -359,9 +359,9 @@ def notes(pooled: CostModel, rows: list[tuple[Workload, int, dict[str, Simulatio
         "costs. The sharded modes run the schedule a sharded run compiles, the regional order (worker w the views of "
         "region w, `scheduling/regions.py`), and also the locality order (the columns on the right), each worker on "
         "the rank owning most of its rows, placed before the first step as a run places them "
-        "(`runtime/placement.py`). The regional order keeps a rank's reads in its own shard, so the sharded barrier gains most there; it also "
-        "keeps a worker's consecutive views in one region, so more tasks read rows the step before writes, and "
-        "quality-first gains least there.",
+        "(`runtime/placement.py`). The regional order keeps a rank's reads in its own shard, so the sharded barrier "
+        "gains most there; it also keeps a worker's consecutive views in one region, so more tasks read rows the "
+        "step before writes, and quality-first gains least there.",
         "- The validation covers 2 ranks on loopback: the per-collective latency and the bandwidth term of the model "
         "are checked by no run here (the runs use no emulated link; `--interconnect` now delays sharded exchanges "
         "too, so a run behind it could).",

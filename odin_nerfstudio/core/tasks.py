@@ -70,6 +70,12 @@ def step_tasks(
     ]
 
 
+def view_tasks(num_views: int, camera_of: Callable[[int], Camera]) -> list[Task]:
+    """One task per view (step 0, worker 0, index 0), for what the sharded mode weighs by view outside any step: the
+    rows' load for the cuts, each owner's rows per view for the placement (``ShardedLoop.place``)."""
+    return [Task(0, 0, 0, view, camera_of(view)) for view in range(num_views)]
+
+
 def _splitmix64(value: int) -> int:
     """One round of SplitMix64, a bijective 64-bit mixer (Steele et al., 2014)."""
     value = (value + 0x9E3779B97F4A7C15) & _MASK64

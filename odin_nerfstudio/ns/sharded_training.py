@@ -39,7 +39,7 @@ from odin_nerfstudio.comm.link import link_preset
 from odin_nerfstudio.comm.row_link import linked_rows
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.tables import PrimitiveTables
-from odin_nerfstudio.core.tasks import NO_STEP, Task
+from odin_nerfstudio.core.tasks import NO_STEP, Task, view_tasks
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints, checkpoint_path, save_atomically
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
@@ -150,8 +150,7 @@ class ShardedTraining:
 
     def views(self) -> list[Task]:
         """One task per training view (an epoch's views), whose candidate sets weigh the rows for the cuts."""
-        count = len(self.trainer.pipeline.datamanager.cached_train)
-        return [Task(0, 0, 0, view, self.trainer._camera(view)) for view in range(count)]
+        return view_tasks(len(self.trainer.pipeline.datamanager.cached_train), self.trainer._camera)
 
     def _install(self, shard: dict[str, Tensor]) -> None:
         """Make the model's Gaussian parameters the shard's rows, their optimizers fresh on them."""

@@ -40,7 +40,7 @@ from odin_nerfstudio.comm.inprocess import VirtualRowExchange, VirtualRowHandle
 from odin_nerfstudio.core.conflicts import isin_sorted
 from odin_nerfstudio.core.selective_adam import selective_adams
 from odin_nerfstudio.core.sparse import tensor_bytes
-from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.core.tasks import Task, view_tasks
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, rank_metrics
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.runtime.culling_index import Reach
@@ -232,7 +232,7 @@ class ShardedSimulation(Simulation):
         exchange = ModeledRowExchange(config.num_workers, self.clock, self.interconnect, traces)
         cuts = self.cuts()
         self.loops = loops = [self._rank(rank, cuts, exchange, traces) for rank in range(config.num_workers)]
-        views = [Task(0, 0, 0, view, self._cameras[view]) for view in range(self.workload.num_views)]
+        views = view_tasks(self.workload.num_views, self._cameras.__getitem__)
 
         def work(loop: ShardedLoop) -> None:
             loop.place(views)  # each worker on the rank owning most of its rows, as a sharded run places them

@@ -23,11 +23,16 @@ class Started:
     process: subprocess.Popen
 
 
+def environment(one_thread: bool = False) -> dict[str, str]:
+    """A command's environment: this one with wandb offline; with ``one_thread``, one intra-op thread per process
+    (as each torchrun rank has, so that runs round alike)."""
+    return {**os.environ, "WANDB_MODE": "offline", **({"OMP_NUM_THREADS": "1"} if one_thread else {})}
+
+
 def start(*args: str, one_thread: bool = False) -> Started:
-    """Start a command (``args[0]`` a program of :data:`BIN` by name or by path) with wandb offline; with
-    ``one_thread``, one intra-op thread per process (as each torchrun rank has, so that runs round alike)."""
-    env = {**os.environ, "WANDB_MODE": "offline", **({"OMP_NUM_THREADS": "1"} if one_thread else {})}
+    """Start a command (``args[0]`` a program of :data:`BIN` by name or by path) in :func:`environment`."""
     command = [str(BIN / args[0]), *args[1:]]
+    env = environment(one_thread)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return Started(Path(args[0]).name, process)
 

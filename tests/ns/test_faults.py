@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
+from tests.ns.processes import environment
 from tests.ns.test_launch import train_args
 from tests.ns.test_training import free_port
 
@@ -31,10 +32,6 @@ def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def torchrun(*args: str) -> list[str]:
     port = str(free_port())
     return [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", port, "--no-python", str(BIN / "odin-train"), *args]
-
-
-def environment() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 
 
 def rank_pid(parent: int, rank: int) -> int | None:
@@ -77,7 +74,8 @@ def test_a_stopped_rank_ends_the_job_within_the_wait_timeout_naming_it(street: P
     command = torchrun(*args, "--runtime.wait-timeout-s", str(WAIT_TIMEOUT_S))
     log = tmp_path / "torchrun.log"
     with open(log, "w") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=environment(), start_new_session=True)
+        env = environment(one_thread=True)
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         checkpoint = tmp_path / "stop" / "odin-splat" / "run" / "nerfstudio_models" / "step-000000005.ckpt"
         wait_for(checkpoint, process, timeout=300)
@@ -110,7 +108,7 @@ def test_an_evaluation_on_rank_0_longer_than_the_wait_timeout_does_not_fail_the_
     eval_half = ["odin-colmap", "--eval-interval", "2"]  # 6 of the 12 views held out: an evaluation of seconds
     command = torchrun(*args, "--runtime.wait-timeout-s", "1", *eval_half)
     # Rank 0's evaluation made 2 s slower than it is here, whatever the machine's speed: longer than the timeout.
-    slow_evaluation = {**environment(), "ODIN_FAULT_EVAL_DELAY_S": "2"}
+    slow_evaluation = {**environment(one_thread=True), "ODIN_FAULT_EVAL_DELAY_S": "2"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=slow_evaluation)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]

@@ -3,7 +3,6 @@ output folder and no folder shared: both train to the end and write their per-ra
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
+from tests.ns.processes import environment
 from tests.ns.test_launch import train_args
 from tests.ns.test_training import free_port
 
@@ -21,7 +21,7 @@ BIN = Path(sys.executable).parent
 def test_two_nodes_train_with_separate_output_folders(tmp_path: Path) -> None:
     scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
     port = str(free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    env = environment(one_thread=True)
     nodes = []
     for node in range(2):
         output = tmp_path / f"node{node}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import select
 import subprocess
 import sys
@@ -31,7 +30,7 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "WANDB_MODE": "offline"},
+        env=processes.environment(),
     )
     assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
@@ -198,7 +197,7 @@ def test_ns_train_without_cuda_says_so_in_one_line(tmp_path: Path) -> None:
     """`ns-train odin-splat --data ...` on a machine without CUDA (hidden here) ends with one line naming
     `--machine.device-type cpu`, not a traceback from deep in the set-up."""
     command = [str(BIN / "ns-train"), "odin-splat", "--data", str(tmp_path / "scene"), "--output-dir", str(tmp_path)]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline"}
+    env = {**processes.environment(), "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]

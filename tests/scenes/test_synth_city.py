@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 from odin_nerfstudio.scenes import synth, synth_city
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
+from tests.ns.processes import environment
 
 BLOCK = 20.0
 # 48 views over a 2 x 2 grid of streets (12 a street, 3.3 m apart), small images and world: a few seconds
@@ -100,7 +100,7 @@ def test_ns_train_odin_splat_trains_on_the_city(tmp_path: Path) -> None:
     """A few ns-train odin-splat steps on a small city scene: it trains and saves its checkpoint."""
     scene = make_scene(SynthConfig(output=tmp_path / "city", **SMALL))
     command = train_command("odin-splat", scene, tmp_path, 10, options=["--pipeline.model.num-downscales", "0"])
-    env = {**os.environ, "WANDB_MODE": "offline"}
+    env = environment()
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert (tmp_path / "city" / "odin-splat" / "run" / "nerfstudio_models" / "step-000000009.ckpt").is_file()

@@ -20,7 +20,7 @@ from odin_nerfstudio.adapter.gsplat import GsplatAdapter
 from odin_nerfstudio.comm.inprocess import VirtualRowExchange
 from odin_nerfstudio.core.row_order import restore_spatial_order
 from odin_nerfstudio.core.selective_adam import selective_adams
-from odin_nerfstudio.core.tasks import Task
+from odin_nerfstudio.core.tasks import Task, view_tasks
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 from odin_nerfstudio.runtime.metering import Decision, Meter
@@ -118,7 +118,7 @@ def real_traces(
             runtime.stale_grad_ratio, runtime.max_staleness, executor=_InlineLane(), fetch_ahead=runtime.fetch_ahead,
         ))  # fmt: skip
     errors = []
-    views = [Task(0, 0, 0, view, cameras[view]) for view in range(simulation.workload.num_views)]
+    views = view_tasks(simulation.workload.num_views, cameras.__getitem__)
 
     def run(loop: ShardedLoop) -> None:
         try:
