@@ -15,10 +15,11 @@ once per ``--seeds`` value, which seeds both the model (``--machine.seed``) and 
 (``--pipeline.datamanager.schedule-seed``), so the spread includes the view order. Scenes: the shipped
 ``tests/data/kermit_320`` (11 views; ``--eval-interval 4`` holds out 0, 4 and 8, leaving 8 train views: a step of
 4 views is half the scene) or ``--scene /work/shared/data/fern`` (20 views; ``--eval-interval 5`` leaves 16).
-The quick schedule's refinement interval is set to ``--refine-every`` views (40 by default: W = 4 divides it and
-the warmup of 100, so the rule's conversion is exact). Then ``ns-eval`` on each final checkpoint. Every run logs
-its Gaussian count at every step (``--logging.steps-per-log 1``); the table counts the steps after which it
-changed, i.e. the refinements that grew or pruned.
+The quick schedule's refinement interval is set to ``--refine-every`` views (40 by default, which W = 4 divides, as it
+does the warmup of 100: the refinements fall after exactly the same views on 1 and 4 workers; with another interval,
+within a step of them, as the schedules count views: ``adapter/gsplat.py``'s ``ViewCountedStrategy``). Then
+``ns-eval`` on each final checkpoint. Every run logs its Gaussian count at every step (``--logging.steps-per-log
+1``); the table counts the steps after which it changed, i.e. the refinements that grew or pruned.
 
 Usage: ``python benchmarks/bench_batch.py [--rule adaptive|sqrt] [--views 400] [--workers 4] [--seeds 1 2 3 4]
 [--no-off] [--jobs 2]``; rewrites the

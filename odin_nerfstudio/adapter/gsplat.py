@@ -19,6 +19,7 @@ one fails loudly. See ``docs/architecture.md`` for where the adapter sits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from odin_nerfstudio.core.tables import index_map_from_uid
 __all__ = [
     "STATS_SCHEMA",
     "GsplatAdapter",
+    "ViewCountedStrategy",
     "accumulate",
     "apply_structural_change",
     "edit_rows",
@@ -162,19 +164,45 @@ def accumulate(state: dict[str, Any], stats: dict[str, Tensor], num_primitives: 
         state["radii"][rows] = torch.maximum(state["radii"][rows], stats["radii"])
 
 
+@dataclass
+class ViewCountedStrategy(DefaultStrategy):
+    """gsplat's ``DefaultStrategy`` whose intervals count one-view iterations (splatfacto's config, unconverted), run
+    ``views_per_step`` views a step (W x B, the batch rule's): step s trains views s x S to s x S + S - 1, and it
+    refines (resets) where one of those is a view a one-view run refines (resets) after. W x B workers thus refine
+    after the same views as one worker, to within a step, and as often; steps rounded from views would not (50 views
+    a refinement at 4 views a step rounded to 13 steps refines after views 104, 156, ... instead of 150, 200, ...;
+    the batch rule, ``ns/batch_scaling.py``, says why the schedules count views)."""
+
+    views_per_step: int = 1
+
+
+def step_views(strategy: DefaultStrategy, step: int) -> range:
+    """The one-view iterations that schedule step ``step`` trains (a plain ``DefaultStrategy``: one a step)."""
+    size = strategy.views_per_step if isinstance(strategy, ViewCountedStrategy) else 1
+    return range(step * size, (step + 1) * size)
+
+
+def refine_view(strategy: DefaultStrategy, step: int) -> int | None:
+    """The first view of ``step`` after which gsplat would densify and prune (its rule at that iteration), or None."""
+    for view in step_views(strategy, step):
+        if (
+            strategy.refine_start_iter < view < strategy.refine_stop_iter
+            and view % strategy.refine_every == 0
+            and view % strategy.reset_every >= strategy.pause_refine_after_reset
+        ):
+            return view
+    return None
+
+
 def refine_due(strategy: DefaultStrategy, step: int) -> bool:
     """Whether gsplat would densify and prune after `step` (the statistics of steps <= `step` are in)."""
-    return (
-        step < strategy.refine_stop_iter
-        and step > strategy.refine_start_iter
-        and step % strategy.refine_every == 0
-        and step % strategy.reset_every >= strategy.pause_refine_after_reset
-    )
+    return refine_view(strategy, step) is not None
 
 
 def reset_due(strategy: DefaultStrategy, step: int) -> bool:
     """Whether gsplat would reset the opacities after `step`."""
-    return step < strategy.refine_stop_iter and step % strategy.reset_every == 0
+    views = step_views(strategy, step)
+    return any(view < strategy.refine_stop_iter and view % strategy.reset_every == 0 for view in views)
 
 
 def structural_change_due(strategy: DefaultStrategy, step: int) -> bool:
@@ -253,7 +281,7 @@ def _grow(
     is_small = torch.exp(params["scales"]).max(dim=-1).values <= strategy.grow_scale3d * state["scene_scale"]
     is_dupli = is_grad_high & is_small
     is_split = is_grad_high & ~is_small
-    if step < strategy.refine_scale2d_stop_iter:
+    if refine_view(strategy, step) < strategy.refine_scale2d_stop_iter:
         is_split |= state["radii"] > strategy.grow_scale2d
     total = torch.iinfo(torch.int64).max // GROUPS
     keys = ids.clone()

@@ -51,11 +51,15 @@ sum, the learning rate takes the same ``sqrt(bsz)`` and eps is MULTIPLIED by ``s
 eps / sqrt(bsz)); dividing it, as Grendel does for its mean, would shrink it bsz-fold further. (With splatfacto's
 eps of 1e-15 this matters only for rows with vanishing gradients, but it is the exact equivalent.)
 
-Counting in views: a config field keeps its splatfacto meaning, iterations of a one-view run, and
-:meth:`BatchScaling.steps` converts it to schedule steps (views / bsz, rounded to the nearest step, at least one
-when the field is positive). The conversion is exact when bsz divides the field; otherwise the rounded value is
-reported once (:meth:`BatchScaling.inexact`). The batch is the schedule's nominal step size: the short last step of
-an epoch (V not a multiple of W x B) is scaled as a full one.
+Counting in views: a config field keeps its splatfacto meaning, iterations of a one-view run. The refinement, the
+opacity reset, the SH degree and the resolution follow the views a step trains (:meth:`BatchScaling.first_view`;
+``adapter/gsplat.py``'s ``ViewCountedStrategy``): a step refines where one of its views is one a one-view run refines
+after, so W x B workers refine as often and after the same views, to within a step. Converting each interval to
+steps instead would round it (50 views at 4 a step: 13 steps, a refinement after views 104, 156, ..., one more
+than a one-view run's over kermit_320's 700 views of densification; BENCHMARKS.md, bench_quality). The learning
+rates' schedulers count steps (nerfstudio steps them once per optimizer update), so :meth:`BatchScaling.steps`
+converts their lengths, rounded to the nearest step. The batch is the schedule's nominal step size: the short last
+step of an epoch (V not a multiple of W x B) is counted as a full one.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
@@ -99,20 +103,16 @@ class BatchScaling:
         """The runtime's adaptive gain for this batch, or None (Grendel's sqrt only, or a one-view step)."""
         return AdaptiveGain(self.views_per_step) if self.adaptive and self.views_per_step > 1 else None
 
+    def first_view(self, step: int) -> int:
+        """The first of the views step ``step`` trains, counted as a one-view run counts its iterations."""
+        return step * self.views_per_step
+
     def steps(self, views: int) -> int:
         """A count of one-view iterations (an interval or a threshold) in schedule steps: views / (W x B) rounded to
         the nearest step (half up), and at least 1 when ``views`` > 0 (0 and negatives stay as they are)."""
         if views <= 0:
             return views
         return max(1, math.floor(views / self.views_per_step + 0.5))
-
-    def inexact(self, fields: Dict[str, int]) -> List[str]:
-        """For each named count of views that W x B does not divide, a phrase saying what it became."""
-        return [
-            f"{name} {views} views -> {self.steps(views)} steps ({self.steps(views) * self.views_per_step} views)"
-            for name, views in fields.items()
-            if views > 0 and views % self.views_per_step
-        ]
 
     def adam(self, lr: float, betas: Tuple[float, float], eps: float) -> Tuple[float, Tuple[float, float], float]:
         """Adam's (lr, betas, eps) for a W x B gradient sum: lr x sqrt(S), beta ** S, eps x sqrt(S) (S = W x B)."""

@@ -30,7 +30,8 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
 from torch import Tensor
 
-from odin_nerfstudio.ns.batch_scaling import OFF_FLAG, BatchScaling, batch_scaling
+from odin_nerfstudio.adapter.gsplat import ViewCountedStrategy
+from odin_nerfstudio.ns.batch_scaling import BatchScaling, batch_scaling
 
 ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
 
@@ -124,34 +125,15 @@ class OdinSplatModel(SplatfactoModel):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
     def scale_to_batch(self, num_workers: int, views_per_worker: int) -> BatchScaling:
-        """Count the schedules in steps of ``num_workers`` x ``views_per_worker`` views (unless the config's
+        """Run the schedules ``num_workers`` x ``views_per_worker`` views a step (unless the config's
         `batch_scaling` is off): rebuilds the densification strategy (its statistics start from zero) and returns the
         rule, whose learning rates the trainer applies to its optimizers (and whose adaptive gain, if any, the
-        runtime). Intervals the batch does not divide are rounded to the nearest step and named once."""
+        runtime). The schedules stay counted in views: a step refines, resets, raises the SH degree and the
+        resolution where a one-view run would at one of its views."""
         self.batch = batch_scaling(self.config.batch_scaling, num_workers, views_per_worker)
         self.strategy = self._make_strategy()
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
-        rounded = self.batch.inexact(self._view_counts())
-        if rounded and is_main_process():
-            CONSOLE.print(
-                f"[yellow]odin-splat: {self.batch.views_per_step} views per step do not divide every schedule: "
-                f"{'; '.join(rounded)} ({OFF_FLAG} counts them in iterations)[/yellow]"
-            )
         return self.batch
-
-    def _view_counts(self) -> Dict[str, int]:
-        """The model's schedules in views of a one-view run, by config field (what `batch_scaling` converts)."""
-        config = self.config
-        return {
-            "warmup_length": config.warmup_length,
-            "refine_every": config.refine_every,
-            "stop_split_at": config.stop_split_at,
-            "reset_alpha_every x refine_every": config.reset_alpha_every * config.refine_every,
-            "stop_screen_size_at": config.stop_screen_size_at,
-            "pause after reset (num_train_data + refine_every)": self.num_train_data + config.refine_every,
-            "sh_degree_interval": config.sh_degree_interval,
-            "resolution_schedule": config.resolution_schedule,
-        }
 
     def _get_downscale_factor(self, step: Optional[int] = None) -> int:
         """splatfacto's resolution schedule at `step` (default: the model's), `resolution_schedule` counted in views
@@ -159,7 +141,8 @@ class OdinSplatModel(SplatfactoModel):
         if not self.training:
             return 1
         step = self.step if step is None else step
-        return 2 ** max(self.config.num_downscales - step // self.batch.steps(self.config.resolution_schedule), 0)
+        view = self.batch.first_view(step)
+        return 2 ** max(self.config.num_downscales - view // self.config.resolution_schedule, 0)
 
     def get_gt_img(self, image: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
         """splatfacto's ground truth (float in [0, 1], on the model's device) at the resolution schedule's downscale
@@ -203,31 +186,31 @@ class OdinSplatModel(SplatfactoModel):
         }
         return {name: torch.nn.Parameter(value.contiguous()) for name, value in tensors.items()}
 
-    def _make_strategy(self):
-        """gsplat's DefaultStrategy with splatfacto's settings, its step counts in steps of `self.batch`'s views.
+    def _make_strategy(self) -> ViewCountedStrategy:
+        """gsplat's DefaultStrategy with splatfacto's settings, its intervals in views, stepped `self.batch`'s views
+        at a time (``adapter/gsplat.py``'s ``ViewCountedStrategy``).
 
         The strategy's statistics need no scaling: the runtime accumulates them per task (one view's screen-space
         gradient norm, count + 1 per visible Gaussian), so grad2d / count stays a mean over views for any W x B.
         """
-        from gsplat.strategy import DefaultStrategy
-
-        steps = {name: self.batch.steps(views) for name, views in self._view_counts().items()}
-        return DefaultStrategy(
-            prune_opa=self.config.cull_alpha_thresh,
-            grow_grad2d=self.config.densify_grad_thresh,
-            grow_scale3d=self.config.densify_size_thresh,
-            grow_scale2d=self.config.split_screen_size,
-            prune_scale3d=self.config.cull_scale_thresh,
-            prune_scale2d=self.config.cull_screen_size,
-            refine_scale2d_stop_iter=steps["stop_screen_size_at"],
-            refine_start_iter=steps["warmup_length"],
-            refine_stop_iter=steps["stop_split_at"],
-            reset_every=steps["reset_alpha_every x refine_every"],
-            refine_every=steps["refine_every"],
-            pause_refine_after_reset=steps["pause after reset (num_train_data + refine_every)"],
-            absgrad=self.config.use_absgrad,
+        config = self.config
+        return ViewCountedStrategy(
+            prune_opa=config.cull_alpha_thresh,
+            grow_grad2d=config.densify_grad_thresh,
+            grow_scale3d=config.densify_size_thresh,
+            grow_scale2d=config.split_screen_size,
+            prune_scale3d=config.cull_scale_thresh,
+            prune_scale2d=config.cull_screen_size,
+            refine_scale2d_stop_iter=config.stop_screen_size_at,
+            refine_start_iter=config.warmup_length,
+            refine_stop_iter=config.stop_split_at,
+            reset_every=config.reset_alpha_every * config.refine_every,
+            refine_every=config.refine_every,
+            pause_refine_after_reset=self.num_train_data + config.refine_every,
+            absgrad=config.use_absgrad,
             revised_opacity=False,
             verbose=True,
+            views_per_step=self.batch.views_per_step,
         )
 
     def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, list]]:
@@ -298,7 +281,7 @@ class OdinSplatModel(SplatfactoModel):
         colors = torch.cat((params["features_dc"][:, None, :], params["features_rest"]), dim=1)
         if self.config.sh_degree > 0:
             sh_degree: Optional[int] = min(
-                (self.step if step is None else step) // self.batch.steps(self.config.sh_degree_interval),
+                self.batch.first_view(self.step if step is None else step) // self.config.sh_degree_interval,
                 self.config.sh_degree,
             )
         else:

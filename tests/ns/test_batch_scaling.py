@@ -98,15 +98,22 @@ def test_four_workers_densify_and_reset_at_the_one_worker_views_over_four() -> N
 def test_two_workers_of_two_views_count_four_views_per_step_and_sh_degrees_follow() -> None:
     model = model_of(sh_degree_interval=100)
     model.scale_to_batch(num_workers=2, views_per_worker=2)
-    assert model.strategy.refine_every == 10 and model.strategy.refine_start_iter == 25
-    assert model.batch.steps(model.config.sh_degree_interval) == 25
+    assert model.strategy.views_per_step == 4 and model.strategy.refine_every == 40, "intervals stay in views"
+    assert model.batch.first_view(25) == 100, "step 25 trains views 100 to 103: the SH degree's first raise"
 
 
-def test_an_interval_the_batch_does_not_divide_is_rounded_and_named(capsys: pytest.CaptureFixture) -> None:
-    model = model_of(refine_every=50)
-    model.scale_to_batch(num_workers=4, views_per_worker=1)
-    assert model.strategy.refine_every == 13
-    assert "refine_every 50 views -> 13 steps (52 views)" in capsys.readouterr().out
+def test_a_batch_that_does_not_divide_an_interval_refines_after_the_one_worker_views() -> None:
+    """50 views a refinement at 4 views a step: each refinement falls in the step that trains the view a one-view
+    run refines after, and there are as many; 50 rounded to 13 steps refined after views 104, 156, ... (one more
+    refinement than one worker's, the first 46 views early)."""
+    one = model_of(refine_every=50, stop_split_at=700)
+    four = model_of(refine_every=50, stop_split_at=700)
+    four.scale_to_batch(num_workers=4, views_per_worker=1)
+    views = sorted(due_steps(one, 700, refine_due))
+    steps = sorted(due_steps(four, 700 // 4, refine_due))
+    assert views == [150, 200, 350, 400, 450, 600, 650], "warmup 100, a reset every 250 views and its 58-view pause"
+    assert steps == [view // 4 for view in views]
+    assert sorted(due_steps(four, 700 // 4, reset_due)) == [0, 62, 125], "after views 0, 250 and 500"
 
 
 def test_adaptive_is_the_default_and_only_it_gives_the_runtime_a_gain() -> None:

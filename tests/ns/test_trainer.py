@@ -201,7 +201,7 @@ def test_four_workers_get_grendels_rates_and_refine_in_views_unless_turned_off(
         assert param_group["betas"] == pytest.approx((0.9**size, 0.999**size)), name
         assert param_group["eps"] == pytest.approx(1e-15 * math.sqrt(size)), name
     strategy = trainer.pipeline.model.strategy
-    assert (strategy.refine_start_iter, strategy.refine_every) == (60 // size, 20 // size)
+    assert (strategy.refine_start_iter, strategy.refine_every, strategy.views_per_step) == (60, 20, size), "in views"
     assert trainer.config.optimizers["means"]["optimizer"].lr == 1.6e-4, "the config keeps the one-view rate"
 
 
