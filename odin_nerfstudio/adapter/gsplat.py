@@ -254,7 +254,7 @@ def edit_rows(
     if refine_due(strategy, step):
         parents = _grow(strategy, params, optimizers, state, step, seed, ids)
         state["tie"] = parents
-        strategy._prune_gs(params, optimizers, state, step)
+        strategy._prune_gs(params, optimizers, state, refine_view(strategy, step))  # its rules count views
         parents = state.pop("tie")
         for key in ("grad2d", "count", "radii"):
             if state.get(key) is not None:
