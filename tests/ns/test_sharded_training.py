@@ -186,10 +186,12 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
 def test_kermit_on_three_ranks_equals_the_replicated_barrier_across_re_cuts(tmp_path: Path) -> None:
     """kermit_320 at W = 3 (uneven shards of a real scene; the street at W = 3 and kermit_320 at W = 2 are the tests
     above): the sharded barrier against the replicated barrier of 3 virtual workers, across densifications after
-    which the shards were re-cut by load, alike on every rank."""
+    which the shards were re-cut by load, alike on every rank. 6 views a step: a refinement every 6 views after the
+    first 6 (after every step from step 2), so that the loads drift apart."""
     scene, iterations = real_scene("kermit_320"), 9
-    virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS]
-    sharded = ["--sharded", "True", "--runtime.mode", "barrier"]
+    every_step = ["--pipeline.model.warmup-length", "6", "--pipeline.model.refine-every", "6"]
+    virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS, *every_step]
+    sharded = ["--sharded", "True", "--runtime.mode", "barrier", *every_step]
     runs = [start(scene, tmp_path, "virtual", *virtual, iterations=iterations)]
     runs.append(start(scene, tmp_path, "sharded", *sharded, ranks=3, iterations=iterations))
     for run in runs:
