@@ -251,10 +251,11 @@ def edit_rows(
     """
     state["uid"] = torch.arange(params["means"].shape[0], device=ids.device)
     parents = ids
-    if refine_due(strategy, step):
-        parents = _grow(strategy, params, optimizers, state, step, seed, ids)
+    view = refine_view(strategy, step)
+    if view is not None:
+        parents = _grow(strategy, params, optimizers, state, step, view, seed, ids)
         state["tie"] = parents
-        strategy._prune_gs(params, optimizers, state, refine_view(strategy, step))  # its rules count views
+        strategy._prune_gs(params, optimizers, state, view)  # its rules count views
         parents = state.pop("tie")
         for key in ("grad2d", "count", "radii"):
             if state.get(key) is not None:
@@ -270,18 +271,20 @@ def _grow(
     optimizers: dict[str, torch.optim.Optimizer],
     state: dict[str, Any],
     step: int,
+    view: int,
     seed: int,
     ids: Tensor,
 ) -> Tensor:
     """``DefaultStrategy._grow_gs`` (duplicate small rows with high gradients, split large ones) with per-row split
-    draws; returns each new row's order key (see :func:`edit_rows`), int64 [N_new]."""
+    draws, after ``step``'s view ``view`` (:func:`refine_view`); returns each new row's order key (see
+    :func:`edit_rows`), int64 [N_new]."""
     count = state["count"]
     grads = state["grad2d"] / count.clamp_min(1)
     is_grad_high = grads > strategy.grow_grad2d
     is_small = torch.exp(params["scales"]).max(dim=-1).values <= strategy.grow_scale3d * state["scene_scale"]
     is_dupli = is_grad_high & is_small
     is_split = is_grad_high & ~is_small
-    if refine_view(strategy, step) < strategy.refine_scale2d_stop_iter:
+    if view < strategy.refine_scale2d_stop_iter:
         is_split |= state["radii"] > strategy.grow_scale2d
     total = torch.iinfo(torch.int64).max // GROUPS
     keys = ids.clone()
