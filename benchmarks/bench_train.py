@@ -12,7 +12,8 @@ dense update and Adam), ``barrier`` (locality without overlap: the RLG schedule 
 synchronization of reads), and Odin's ``quality`` and ``throughput`` (the paper's t = 0.2, K = 4). The sharded
 (mixed-parallel) variants, asked for by name, run ``--sharded True`` against ``sharded-barrier`` (Grendel's
 synchronization); the ``-locality`` ones train the locality order in place of the sharded mode's regional one,
-their ratios against ``sharded-barrier-locality``. The ``-candidates`` ones, replicated and sharded, train the
+their ratios against ``sharded-barrier-locality``; the ``-halves`` ones the halves order, against
+``sharded-barrier-halves``. The ``-candidates`` ones, replicated and sharded, train the
 locality order compiled from an RLG of the views' candidate sets on the initial model
 (``--pipeline.datamanager.rlg-points candidates``), their ratios against the barrier of the same kind and RLG.
 
@@ -69,6 +70,10 @@ BIN = Path(sys.executable).parent
 LOCALITY = ("--pipeline.datamanager.schedule-order", "rlg")
 """The locality order in place of the sharded mode's regional one (fewer steps unsure of the step before; more
 bytes)."""
+HALVES = ("--pipeline.datamanager.schedule-order", "halves")
+"""The halves order (the sharded default from 16 workers) in place of the regional one at 2 ranks: consecutive steps
+in opposite halves of the scene (fewer steps unsure of the step before; each step's views in one half, so one owner
+serves both workers)."""
 CANDIDATE_RLG = ("--pipeline.datamanager.rlg-points", "candidates")
 """The RLG from the views' candidate sets on the initial model, the rows over which a task of the next step waits,
 not the SfM points in view (fewer steps unsure of the step before)."""
@@ -88,6 +93,8 @@ VARIANTS = {
     "sharded-quality-k2": ("--sharded", "True", "--runtime.mode", "quality", "--runtime.ring-slots", "2"),
     "sharded-barrier-locality": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY),
     "sharded-quality-locality": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY),
+    "sharded-barrier-halves": ("--sharded", "True", "--runtime.mode", "barrier", *HALVES),
+    "sharded-quality-halves": ("--sharded", "True", "--runtime.mode", "quality", *HALVES),
     "sharded-barrier-candidates": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY, *CANDIDATE_RLG),
     "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY, *CANDIDATE_RLG),
 }
@@ -101,7 +108,7 @@ def reference(mode: str) -> str:
     """The variant a mode's ratios are taken against: the barrier of its own kind (Grendel's synchronization for
     the sharded modes) and schedule order."""
     barrier = "sharded-barrier" if mode.startswith("sharded-") else "barrier"
-    for order in ("-locality", "-candidates"):
+    for order in ("-locality", "-halves", "-candidates"):
         if mode.endswith(order):
             return barrier + order
     return barrier
@@ -452,8 +459,8 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             "ns-eval's `ComputePSNR`. Variants: "
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
-            "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality` and "
-            "`-candidates` ones against the barrier of the same suffix). At equal compute: each run's share of "
+            "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality`, "
+            "`-halves` and `-candidates` ones against the barrier of the same suffix). At equal compute: each run's share of "
             "its own wait-free bound over the barrier's, which factors out how fast the machine computed in each run."
         ),
     ]

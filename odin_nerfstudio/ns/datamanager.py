@@ -58,7 +58,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
-from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order, view_keys
+from odin_nerfstudio.scheduling.regions import REGIONAL, OrderOption, resolved_order, view_keys
 
 if TYPE_CHECKING:
     from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
@@ -83,8 +83,9 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     schedule_order: OrderOption = "auto"
     """rlg: Odin's locality schedule (consecutive steps loosely connected); random: a seeded random order of the
     views, the paper's "overlap without locality" control; regions: each worker the views of its own region of the
-    scene (`scheduling/regions.py`), so that sharded ranks read mostly their own rows; auto: regions with --sharded,
-    rlg otherwise."""
+    scene (`scheduling/regions.py`), so that sharded ranks read mostly their own rows; halves: regions in two halves
+    of the scene, consecutive steps in opposite halves (for many workers, whose regions are small); auto: with
+    --sharded, regions below 16 workers and halves from 16 on, rlg otherwise."""
     sharded: tyro.conf.Suppress[bool] = False
     """Whether the run is sharded: not a flag of its own, OdinTrainer sets it from --sharded (for auto's order)."""
     ring_size: tyro.conf.Suppress[int] = 4
@@ -118,7 +119,7 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
             num_workers=workers,
             views_per_worker=self.views_per_step,
             seed=self.schedule_seed,
-            order=resolved_order(self.schedule_order, self.sharded),
+            order=resolved_order(self.schedule_order, self.sharded, workers),
             ring_size=self.ring_size,
             overlap_threshold=self.overlap_threshold,
         )
@@ -238,7 +239,7 @@ class OdinDatamanager(FullImageDatamanager):
             raise ValueError(f"{key} holds {len(tracks)} views but the train split has {len(self.train_dataset)}")
         config = self.config.schedule_config(self.world_size)
         keys = None
-        if config.order == "regions":
+        if config.order in REGIONAL:
             keys = view_keys(tracks, np.asarray(metadata["points3D_ids"]), np.asarray(metadata["points3D_xyz"]))
         point_sets = self.candidate_sets() if self.config.rlg_points == "candidates" else tracks
         return Schedule(RelativeLocalityGraph.from_point_sets(point_sets), config, self.view_pixels, view_keys=keys)

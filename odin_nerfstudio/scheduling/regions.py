@@ -13,6 +13,15 @@ Regions: the views sorted by the Z-order code of the centroid of their SfM point
 in: the model starts from those points), cut into W runs of equal size (``numpy.array_split``). Only SfM data is
 needed, as for the other orders, so the schedule is the same in every mode and the sharded mode's equality with the
 replicated barrier holds under it.
+
+The halves order ("halves"): with many workers a region holds few views, all in sight of each other, so nearly every
+task reads rows its own worker's previous step writes and must wait for that step's publication, as under a barrier
+(a 1,024-view city at 64 workers: 29 to 57 of a step's 64 tasks). There the scene is cut into 2W regions, and the
+steps alternate between its two halves: at even global steps every worker trains a view of its region in the first
+half, at odd ones of its region in the second (:func:`halves_steps`). Consecutive steps then share rows only across
+the one border between the halves (the same city: none of 39 steps holds a task that reads the step before's rows).
+What it costs: each half lies in half of the shards, so at each step half the owners serve two workers each, and one
+of the two reads from the other's shard (``docs/architecture.md``, "Sharded Gaussians").
 """
 
 from __future__ import annotations
@@ -27,17 +36,28 @@ import torch
 
 from odin_nerfstudio.core.row_order import codes_in, morton_frame
 
-Order = Literal["rlg", "random", "regions"]
-"""A schedule's order (``ScheduleConfig.order``): the locality schedule, the random control, or regions."""
-OrderOption = Literal["auto", "rlg", "random", "regions"]
+Order = Literal["rlg", "random", "regions", "halves"]
+"""A schedule's order (``ScheduleConfig.order``): the locality schedule, the random control, regions, or regions in
+two halves."""
+REGIONAL: tuple[Order, ...] = ("regions", "halves")
+"""The orders that need each view's regional key (:func:`view_keys`)."""
+OrderOption = Literal["auto", "rlg", "random", "regions", "halves"]
 """An order as the options name it (``--pipeline.datamanager.schedule-order``, ``odin-simulate --schedule-order``)."""
 
 
-def resolved_order(order: OrderOption, sharded: bool) -> Order:
-    """The order an ``auto`` option stands for: this regional order in the sharded mode (each rank reads mostly its
-    own shard), the locality schedule otherwise; any other order as given."""
+HALVES_FROM = 16
+"""The fewest workers for which ``auto`` picks the halves order in the sharded mode. Simulated on a 1,024-view city
+and street (BENCHMARKS.md, bench_simulate_sharded): at 2 to 8 workers sharded quality-first is as fast in either
+regional order and the halves order's barrier slower (half the workers read another shard); at 16 and 64 the
+regional order's regions are too small to keep a worker's consecutive views apart and the halves order is faster."""
+
+
+def resolved_order(order: OrderOption, sharded: bool, num_workers: int) -> Order:
+    """The order an ``auto`` option stands for: in the sharded mode (each rank reads mostly its own shard) the
+    regional order, or with :data:`HALVES_FROM` workers or more the halves order; the locality schedule otherwise;
+    any other order as given."""
     if order == "auto":
-        return "regions" if sharded else "rlg"
+        return ("halves" if num_workers >= HALVES_FROM else "regions") if sharded else "rlg"
     return order
 
 
@@ -74,6 +94,40 @@ def regional_steps(
         [region[start : start + views_per_worker] for region in ordered]
         for start in range(0, longest, views_per_worker)
     ]
+
+
+def halves_steps(
+    regions: list[np.ndarray], views_per_worker: int, rng: np.random.Generator, first_step: int
+) -> list[list[np.ndarray]]:
+    """An epoch's steps in the halves order (see the module): ``regions``, 2W of them in key order; worker w trains
+    region w (first half) at even global steps and region 2W - 1 - w (second half) at odd ones, ``views_per_worker`` a
+    step; ``first_step``, the epoch's first global step, sets the parity. Each region is swept in key order (the
+    direction seeded per epoch): a region is visited every other step, so its own views need no spreading, and the sweep
+    keeps the two regions at the border, both worker W - 1's, a region's length apart at consecutive steps (one sweeps
+    towards the border while the other sweeps away from it). Where its region of a step's half is spent (or holds fewer
+    views than a step takes), a worker takes the other half's, so every worker trains all its views in ceil(views /
+    ``views_per_worker``) steps: pairing region w with region 2W - 1 - w gives no worker more than ceil(V / W) views
+    (``numpy.array_split`` makes the first regions the larger), so an epoch keeps ceil(V / (W x B)) steps."""
+    if len(regions) % 2:
+        raise ValueError(f"the halves order needs an even number of regions, got {len(regions)}")
+    workers = len(regions) // 2
+    direction = 1 if rng.integers(2) else -1
+    ordered = [region[::direction] for region in regions]
+    queues = [[list(ordered[w]), list(ordered[2 * workers - 1 - w])] for w in range(workers)]
+    longest = max((len(a) + len(b) for a, b in queues), default=0)
+    steps = []
+    for step in range(-(-longest // views_per_worker)):
+        half = (first_step + step) % 2
+        taken = []
+        for queue in queues:
+            views = queue[half][:views_per_worker]
+            del queue[half][:views_per_worker]
+            rest = views_per_worker - len(views)
+            views += queue[1 - half][:rest]
+            del queue[1 - half][:rest]
+            taken.append(np.array(views, dtype=np.int64))
+        steps.append(taken)
+    return steps
 
 
 def strided(region: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -82,7 +82,7 @@ from odin_nerfstudio.scheduling.ordering import (
     order_groups,
     untangle,
 )
-from odin_nerfstudio.scheduling.regions import Order, regional_steps, regions_of
+from odin_nerfstudio.scheduling.regions import REGIONAL, Order, halves_steps, regional_steps, regions_of
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
@@ -105,7 +105,8 @@ class ScheduleConfig:
         order: "rlg", the locality schedule above; "random", the control without locality (the paper's "overlap
             without locality"): each epoch's seeded random order within the cost bands, chunked into steps of S,
             LPT-assigned; "regions", each worker the views of its own region (``regions.py``: the sharded mode's
-            order).
+            order); "halves", regions in two halves of the scene, the steps alternating between them
+            (``regions.py``: the sharded mode's order with many workers).
         balance_tolerance: largest relative cost spread of the views grouped into one step with B = 1 (cost
             bands); with B views per worker the bands span B times as much, because LPT evens out sums of B views
             (on a 200-view street at W = 4, B = 2: balance 1.009 with bands of 10%, while bands of 5% halve the
@@ -135,8 +136,10 @@ class ScheduleConfig:
                 raise ValueError(f"ScheduleConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.balance_tolerance is not None and not self.balance_tolerance >= 0:
             raise ValueError(f"ScheduleConfig.balance_tolerance must be >= 0 or None, got {self.balance_tolerance!r}")
-        if self.order not in ("rlg", "random", "regions"):
-            raise ValueError(f"ScheduleConfig.order must be 'rlg', 'random' or 'regions', got {self.order!r}")
+        if self.order not in ("rlg", "random", *REGIONAL):
+            raise ValueError(
+                f"ScheduleConfig.order must be 'rlg', 'random', 'regions' or 'halves', got {self.order!r}"
+            )
 
     @property
     def band_tolerance(self) -> float | None:
@@ -226,7 +229,7 @@ class Schedule:
         """
         self.config = config or ScheduleConfig()
         self.rlg, self.view_keys = rlg, view_keys
-        if self.config.order == "regions" and (view_keys is None or len(view_keys) != rlg.num_views):
+        if self.config.order in REGIONAL and (view_keys is None or len(view_keys) != rlg.num_views):
             raise ValueError("the regional order needs a key per view (scheduling/regions.view_keys of its SfM points)")
         config = self.config
         self.view_cost = predicted_view_cost(rlg.num_points, pixels, config.cost_per_point, config.cost_per_pixel)
@@ -235,7 +238,8 @@ class Schedule:
         upper = sp.triu(rlg.weights, k=1).tocoo()
         self._edges = (upper.row.astype(np.int64), upper.col.astype(np.int64), upper.data)
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
-        self._regions = regions_of(view_keys, self.config.num_workers) if self.config.order == "regions" else []
+        regions = {"regions": self.config.num_workers, "halves": 2 * self.config.num_workers}.get(self.config.order)
+        self._regions = regions_of(view_keys, regions) if regions is not None else []
 
     def with_view_cost(self, view_cost: np.ndarray) -> Schedule:
         """The same schedule (RLG, config, seed) balanced by ``view_cost`` [V], e.g. the views' measured render +
@@ -382,9 +386,12 @@ class Schedule:
         banded_random = self.random_groups(epoch, banded=True)
         if config.order == "random":
             return self._assemble(epoch, banded_random, random_mass)
-        if config.order == "regions":
+        if config.order in REGIONAL:
             rng = np.random.default_rng([config.seed, epoch, 2])
-            steps = regional_steps(self._regions, config.views_per_worker, rng)
+            if config.order == "regions":
+                steps = regional_steps(self._regions, config.views_per_worker, rng)
+            else:
+                steps = halves_steps(self._regions, config.views_per_worker, rng, epoch * self.steps_per_epoch)
             groups = [np.concatenate(step) for step in steps]
             return self._assemble(epoch, groups, random_mass, fixed=steps)
         rng = np.random.default_rng([config.seed, epoch, 0])

@@ -99,7 +99,7 @@ class SimulationConfig:
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K, seed and order."""
-        order = resolved_order(self.schedule_order, self.sharded)
+        order = resolved_order(self.schedule_order, self.sharded, self.num_workers)
         return ScheduleConfig(self.num_workers, self.views_per_worker, self.seed, self.runtime.ring_slots, order=order)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from odin_nerfstudio.scenes.citygen import street_point_sets
-from odin_nerfstudio.scheduling.regions import regional_steps, regions_of, view_keys
+from odin_nerfstudio.scheduling.regions import halves_steps, regional_steps, regions_of, view_keys
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 
@@ -57,3 +57,43 @@ def test_the_schedule_in_regional_order_keeps_workers_in_their_regions() -> None
     assert schedule.epoch(0).conflict_mass < schedule.epoch(0).random_conflict_mass, "a step's views are far apart"
     with pytest.raises(ValueError, match="regional order needs a key per view"):
         Schedule(rlg, config)
+
+
+def test_halves_alternate_between_the_two_halves_of_the_scene_by_global_step() -> None:
+    regions = [np.arange(0, 5), np.arange(5, 9), np.arange(9, 13), np.arange(13, 17)]  # 2 workers: 4 regions
+    first, second = set(range(0, 9)), set(range(9, 17))
+    for first_step in (0, 1):
+        steps = halves_steps(regions, 1, np.random.default_rng(0), first_step)
+        assert len(steps) == 9, "worker 0 trains regions 0 and 3 (9 views), worker 1 regions 1 and 2 (8)"
+        for worker, own in enumerate(([0, 3], [1, 2])):
+            taken = np.concatenate([step[worker] for step in steps])
+            assert sorted(taken.tolist()) == sorted(np.concatenate([regions[r] for r in own]).tolist())
+        for index, step in enumerate(steps[:8]):
+            views = set(np.concatenate(step).tolist())
+            assert views <= (first if (first_step + index) % 2 == 0 else second), f"step {index} left its half"
+        assert steps[8][0].tolist() != [] and steps[8][1].tolist() == [], "worker 0's last view; worker 1 is spent"
+
+
+def test_halves_fill_a_step_from_the_other_half_where_one_runs_short() -> None:
+    regions = [np.arange(0, 3), np.arange(3, 5)]  # 1 worker, 3 views a step: 5 views in 2 steps
+    steps = halves_steps(regions, 3, np.random.default_rng(0), 0)
+    assert [len(step[0]) for step in steps] == [3, 2]
+    assert sorted(np.concatenate([step[0] for step in steps]).tolist()) == list(range(5))
+    with pytest.raises(ValueError, match="even number of regions"):
+        halves_steps(regions[:1], 1, np.random.default_rng(0), 0)
+
+
+def test_the_halves_order_keeps_consecutive_steps_of_a_street_apart() -> None:
+    """On citygen's street (a view sees 10 views' points on either side), 4 workers: the regional order's
+    consecutive steps share points (its regions are 10 views long), the halves order's only across the border."""
+    sets, ids, xyz = street()
+    keys = view_keys(sets, ids, xyz)
+    rlg = RelativeLocalityGraph.from_point_sets(sets)
+    plans = {}
+    for order in ("regions", "halves"):
+        schedule = Schedule(rlg, ScheduleConfig(num_workers=4, order=order), view_keys=keys)
+        assert schedule.epoch(0).steps[-1].index + 1 == schedule.steps_per_epoch == 10
+        views = [v for step in schedule.epoch(1).steps for task in step.tasks for v in task]
+        assert sorted(views) == list(range(40)), "every view once per epoch"
+        plans[order] = schedule.epoch(0).conflict_mass, schedule.epoch(1).conflict_mass
+    assert all(h < r / 4 for h, r in zip(plans["halves"], plans["regions"])), plans

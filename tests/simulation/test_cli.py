@@ -66,10 +66,11 @@ def test_cli_simulates_the_sharded_mode_and_refuses_what_it_does_not_run(
 
 
 def test_a_sharded_simulation_schedules_in_the_regional_order_unless_told() -> None:
-    # as odin-train: --pipeline.datamanager.schedule-order auto is the regional order with --sharded, rlg without
-    def order(*argv: str) -> str:
+    # as odin-train: --pipeline.datamanager.schedule-order auto is the regional order with --sharded (in two halves
+    # from 16 workers), rlg without
+    def order(*argv: str, workers: int = 8) -> str:
         parsed = tyro.cli(cli.SimulateCliConfig, args=list(argv))
-        return cli.simulation_config(parsed, "quality", 8).schedule_config().order
+        return cli.simulation_config(parsed, "quality", workers).schedule_config().order
 
-    assert order("--sharded") == "regions" and order() == "rlg"
+    assert order("--sharded") == "regions" and order("--sharded", workers=16) == "halves" and order() == "rlg"
     assert order("--sharded", "--schedule-order", "rlg") == "rlg" and order("--schedule-order", "random") == "random"
