@@ -5,7 +5,8 @@ renders and Adam, ranks as threads over ``VirtualRowExchange``) and through the 
 scene's candidate sets, a modeled exchange on the virtual clock). Per mode, each rank's trace (every exchange it
 started, with the rows or flags of each piece, and every task it rendered, in order) must be equal; a rule changed
 on one side only changes one trace. And the simulated barrier's step is fetch + slowest render + return +
-publication, computed by hand.
+publication, computed by hand; with many workers the halves order lets every task run ahead where the regional
+order makes every step wait for its rest.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from odin_nerfstudio.runtime.metering import Decision, Meter
 from odin_nerfstudio.runtime.placement import by_rank
 from odin_nerfstudio.runtime.sharding import Owner, Reader
 from odin_nerfstudio.scenes import toy
+from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets
 from odin_nerfstudio.simulation.costs import CostModel, LinearFit
 from odin_nerfstudio.simulation.interconnect import Interconnect
 from odin_nerfstudio.simulation.sharded import VALUE_BYTES, ShardedSimulation, exchange_decision, render_decision
 from odin_nerfstudio.simulation.simulator import SimulationConfig
+from odin_nerfstudio.simulation.workload import Workload
 from tests.simulation.test_decision_trace import PER_WORKER, STEPS, WORKERS, every_row_written, scene_workload
 
 COSTS = CostModel(task=LinearFit(0.01, (0.0, 0.0), 1.0, 1), bookkeeping_s=0.0, publish=LinearFit(0.002, (1e-5,), 1, 1))
@@ -228,3 +231,23 @@ def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publicati
                 ends[event.step] = max(ends.get(event.step, 0.0), event.end_ns / 1e9)
     assert [ends[step] for step in range(STEPS)] == pytest.approx(expected, rel=1e-6)
     assert sum(loop.counters.placed for loop in simulation.loops) > 0, "some step ran a worker on another rank"
+
+
+def test_with_many_workers_the_halves_order_lets_every_task_run_ahead_where_regions_wait() -> None:
+    """A citygen city of 256 views at 16 workers (regions of 16 views, in sight of each other): in the regional
+    order every step's tasks include one unsure of the step before, so every rank fetches the step's rest after
+    its publication; in the halves order consecutive steps lie in opposite halves of the city, every task of the
+    steps after the first runs ahead, and quality-first trains faster."""
+    workload = Workload.from_point_sets("city", city_point_sets(CityConfig(num_views=256)).point_sets)
+    costs = CostModel(LinearFit(0.1, (1e-4, 0.0), 1.0, 1), 0.0, LinearFit(0.002, (1e-6,), 1, 1),
+                      residuals=(-0.03, 0.0, 0.05))  # fmt: skip
+    link = Interconnect.preset("10gbe", "allgather", 0.002, workload.num_rows)
+    workers, steps, runs = 16, 12, {}
+    for order in ("regions", "halves"):
+        run = SimulationConfig(OdinRuntimeConfig(mode="quality"), workers, 1, steps, sharded=True, schedule_order=order)
+        simulation = ShardedSimulation(workload, costs, link, run)
+        runs[order] = simulation.run(), [loop.counters for loop in simulation.loops]
+    (regional, waited), (halves, ran) = runs["regions"], runs["halves"]
+    assert sum(c.rest_fetches for c in waited) == workers * (steps - 1), "every step after the first fetched a rest"
+    assert sum(c.rest_fetches for c in ran) == 0 and sum(c.ran_ahead for c in ran) == workers * (steps - 1)
+    assert halves.views_per_s > 1.1 * regional.views_per_s
