@@ -15,9 +15,10 @@ Predictions. Costs pooled over the three runs; W = 8, 16 and 64 ranks of one wor
 ``--predict-steps`` steps, behind the ``10gbe`` preset: the sharded modes' row all-to-all with one link per rank
 (``Interconnect.all_to_all_s``: two collectives, one latency each, the most bytes a rank sends or receives), and the
 replicated barrier and quality-first beside them at the same W with the same costs (each step's exchange chosen by its
-bytes, as the transport chooses it). The sharded modes run the regional order, as a sharded run does
-(``--pipeline.datamanager.schedule-order auto``), and the sharded barrier and quality-first the locality order too; the
-replicated ones the locality order. Scenes: a ``citygen`` city of ``--big-views`` views (its SfM points as rows, in the
+bytes, as the transport chooses it). The sharded modes run the order a sharded run picks
+(``--pipeline.datamanager.schedule-order auto``: the regional order, in two halves from 16 workers), and the sharded
+barrier and quality-first the other regional order and the locality order too; quality-first is also compared with
+the fastest of those barriers. The replicated ones run the locality order. Scenes: a ``citygen`` city of ``--big-views`` views (its SfM points as rows, in the
 generator's id order, which follows the streets), bench_simulate's scan-rig street and its dense ``odin-synth`` object
 (both from the runtime's culling, rows in Z-order as the runtime keeps them).
 
