@@ -18,9 +18,10 @@ replicated barrier and quality-first beside them at the same W with the same cos
 bytes, as the transport chooses it). The sharded modes run the order a sharded run picks
 (``--pipeline.datamanager.schedule-order auto``: the regional order, in two halves from 16 workers), and the sharded
 barrier and quality-first the other regional order and the locality order too; quality-first is also compared with
-the fastest of those barriers. The replicated ones run the locality order. Scenes: a ``citygen`` city of ``--big-views`` views (its SfM points as rows, in the
-generator's id order, which follows the streets), bench_simulate's scan-rig street and its dense ``odin-synth`` object
-(both from the runtime's culling, rows in Z-order as the runtime keeps them).
+the fastest of those barriers. The replicated ones run the locality order. Scenes: a ``citygen`` city of
+``--big-views`` views (its SfM points as rows, in the generator's id order, which follows the streets),
+bench_simulate's scan-rig street and its dense ``odin-synth`` object (both from the runtime's culling, rows in Z-order
+as the runtime keeps them).
 
 Usage: ``python benchmarks/bench_simulate_sharded.py [--runs-dir DIR] [--scenes city street object] [--workers 8 16 64]
 [--big-views 1024] [--predict-steps 40] [--quick]``; ``--runs-dir`` keeps the real runs there and reuses those it
@@ -333,8 +334,8 @@ def report(
         *prediction_table(rows),
         "",
         (
-            f"Sharded quality-first over the sharded barrier at {max(args.workers)} workers, both in the order a sharded "
-            f"run picks there ({resolved_order('auto', True, max(args.workers))}): "
+            f"Sharded quality-first over the sharded barrier at {max(args.workers)} workers, both in the order a "
+            f"sharded run picks there ({resolved_order('auto', True, max(args.workers))}): "
             f"{speedups} (target >= {TARGET_SPEEDUP_64}x; the paper: {PAPER_SPEEDUP_64}x over Grendel). Where sharded "
             "quality-first overtakes replicated quality-first: "
             + "; ".join(f"{w.name.split(',')[0]}: {overtakes(rows, w)}" for w in scenes)
