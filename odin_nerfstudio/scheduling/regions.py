@@ -84,6 +84,24 @@ def regions_of(keys: np.ndarray, num_regions: int) -> list[np.ndarray]:
     return list(np.array_split(order, num_regions))
 
 
+def order_regions(keys: np.ndarray | None, order: Order, num_workers: int) -> list[np.ndarray]:
+    """The regions ``order`` cuts the views into (:func:`regions_of`): W for "regions", 2W for "halves", none for
+    the orders without regions."""
+    if order not in REGIONAL:
+        return []
+    return regions_of(keys, num_workers if order == "regions" else 2 * num_workers)
+
+
+def epoch_steps(
+    order: Order, regions: list[np.ndarray], views_per_worker: int, rng: np.random.Generator, first_step: int
+) -> list[list[np.ndarray]]:
+    """An epoch's steps in a regional order, each a list of per-worker views (``first_step``: the epoch's first
+    global step, which the halves order alternates by)."""
+    if order == "halves":
+        return halves_steps(regions, views_per_worker, rng, first_step)
+    return regional_steps(regions, views_per_worker, rng)
+
+
 def regional_steps(
     regions: list[np.ndarray], views_per_worker: int, rng: np.random.Generator
 ) -> list[list[np.ndarray]]:

@@ -82,7 +82,7 @@ from odin_nerfstudio.scheduling.ordering import (
     order_groups,
     untangle,
 )
-from odin_nerfstudio.scheduling.regions import REGIONAL, Order, halves_steps, regional_steps, regions_of
+from odin_nerfstudio.scheduling.regions import REGIONAL, Order, epoch_steps, order_regions
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 
 FORMAT = "odin-schedule"
@@ -104,9 +104,8 @@ class ScheduleConfig:
         cost_per_pixel: predicted cost of one pixel of a view (rasterization); 1000 pixels weigh one point.
         order: "rlg", the locality schedule above; "random", the control without locality (the paper's "overlap
             without locality"): each epoch's seeded random order within the cost bands, chunked into steps of S,
-            LPT-assigned; "regions", each worker the views of its own region (``regions.py``: the sharded mode's
-            order); "halves", regions in two halves of the scene, the steps alternating between them
-            (``regions.py``: the sharded mode's order with many workers).
+            LPT-assigned; "regions", each worker the views of its own region, and "halves", regions in two halves
+            of the scene that the steps alternate between (``regions.py``: the sharded mode's orders).
         balance_tolerance: largest relative cost spread of the views grouped into one step with B = 1 (cost
             bands); with B views per worker the bands span B times as much, because LPT evens out sums of B views
             (on a 200-view street at W = 4, B = 2: balance 1.009 with bands of 10%, while bands of 5% halve the
@@ -137,9 +136,7 @@ class ScheduleConfig:
         if self.balance_tolerance is not None and not self.balance_tolerance >= 0:
             raise ValueError(f"ScheduleConfig.balance_tolerance must be >= 0 or None, got {self.balance_tolerance!r}")
         if self.order not in ("rlg", "random", *REGIONAL):
-            raise ValueError(
-                f"ScheduleConfig.order must be 'rlg', 'random', 'regions' or 'halves', got {self.order!r}"
-            )
+            raise ValueError(f"ScheduleConfig.order must be one of rlg, random, {', '.join(REGIONAL)}: {self.order!r}")
 
     @property
     def band_tolerance(self) -> float | None:
@@ -238,8 +235,7 @@ class Schedule:
         upper = sp.triu(rlg.weights, k=1).tocoo()
         self._edges = (upper.row.astype(np.int64), upper.col.astype(np.int64), upper.data)
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
-        regions = {"regions": self.config.num_workers, "halves": 2 * self.config.num_workers}.get(self.config.order)
-        self._regions = regions_of(view_keys, regions) if regions is not None else []
+        self._regions = order_regions(view_keys, self.config.order, self.config.num_workers)
 
     def with_view_cost(self, view_cost: np.ndarray) -> Schedule:
         """The same schedule (RLG, config, seed) balanced by ``view_cost`` [V], e.g. the views' measured render +
@@ -388,10 +384,8 @@ class Schedule:
             return self._assemble(epoch, banded_random, random_mass)
         if config.order in REGIONAL:
             rng = np.random.default_rng([config.seed, epoch, 2])
-            if config.order == "regions":
-                steps = regional_steps(self._regions, config.views_per_worker, rng)
-            else:
-                steps = halves_steps(self._regions, config.views_per_worker, rng, epoch * self.steps_per_epoch)
+            first = epoch * self.steps_per_epoch
+            steps = epoch_steps(config.order, self._regions, config.views_per_worker, rng, first)
             groups = [np.concatenate(step) for step in steps]
             return self._assemble(epoch, groups, random_mass, fixed=steps)
         rng = np.random.default_rng([config.seed, epoch, 0])

