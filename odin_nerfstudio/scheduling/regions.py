@@ -131,21 +131,20 @@ def halves_steps(
         raise ValueError(f"the halves order needs an even number of regions, got {len(regions)}")
     workers = len(regions) // 2
     direction = 1 if rng.integers(2) else -1
-    ordered = [region[::direction] for region in regions]
-    queues = [[list(ordered[w]), list(ordered[2 * workers - 1 - w])] for w in range(workers)]
-    longest = max((len(a) + len(b) for a, b in queues), default=0)
+    pairs = [(regions[w][::direction], regions[2 * workers - 1 - w][::direction]) for w in range(workers)]
+    taken = [[0, 0] for _ in range(workers)]  # per worker, the views taken so far from each half
+    longest = max((len(a) + len(b) for a, b in pairs), default=0)
     steps = []
     for step in range(-(-longest // views_per_worker)):
         half = (first_step + step) % 2
-        taken = []
-        for queue in queues:
-            views = queue[half][:views_per_worker]
-            del queue[half][:views_per_worker]
-            rest = views_per_worker - len(views)
-            views += queue[1 - half][:rest]
-            del queue[1 - half][:rest]
-            taken.append(np.array(views, dtype=np.int64))
-        steps.append(taken)
+        views = []
+        for pair, counts in zip(pairs, taken):
+            mine = pair[half][counts[half] : counts[half] + views_per_worker]
+            other = pair[1 - half][counts[1 - half] : counts[1 - half] + views_per_worker - len(mine)]
+            counts[half] += len(mine)
+            counts[1 - half] += len(other)
+            views.append(np.concatenate([mine, other]).astype(np.int64))
+        steps.append(views)
     return steps
 
 
