@@ -460,8 +460,9 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
             "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality`, "
-            "`-halves` and `-candidates` ones against the barrier of the same suffix). At equal compute: each run's share of "
-            "its own wait-free bound over the barrier's, which factors out how fast the machine computed in each run."
+            "`-halves` and `-candidates` ones against the barrier of the same suffix). At equal compute: each run's "
+            "share of its own wait-free bound over the barrier's, which factors out how fast the machine computed in "
+            "each run."
         ),
     ]
     for scene in dict.fromkeys(run.scene for run in runs):

@@ -84,7 +84,7 @@ def test_halves_fill_a_step_from_the_other_half_where_one_runs_short() -> None:
 
 
 def test_the_halves_order_keeps_consecutive_steps_of_a_street_apart() -> None:
-    """On citygen's street (a view sees 10 views' points on either side), 4 workers: the regional order's
+    """On citygen's street (a view shares points with the 9 views on either side), 4 workers: the regional order's
     consecutive steps share points (its regions are 10 views long), the halves order's only across the border."""
     sets, ids, xyz = street()
     keys = view_keys(sets, ids, xyz)
