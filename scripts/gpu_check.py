@@ -64,7 +64,8 @@ from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology  # noqa: 
 from odin_nerfstudio.runtime.metering import Meter  # noqa: E402
 from odin_nerfstudio.runtime.ownership import ShardCuts  # noqa: E402
 from odin_nerfstudio.runtime.runtime import OdinRuntime  # noqa: E402
-from odin_nerfstudio.runtime.sharding import Owner, Reader  # noqa: E402
+from odin_nerfstudio.runtime.shard_reader import Reader  # noqa: E402
+from odin_nerfstudio.runtime.sharding import Owner  # noqa: E402
 from odin_nerfstudio.scenes import toy  # noqa: E402
 
 LRS = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "features_dc": 2.5e-3}

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.runtime.sharding import FetchedStep, RowHandle, Rows
+from odin_nerfstudio.runtime.shard_reader import FetchedStep
+from odin_nerfstudio.runtime.sharding import RowHandle, Rows
 
 
 @dataclass

@@ -60,11 +60,10 @@ from odin_nerfstudio.drivers.fetched_ahead import (
 from odin_nerfstudio.runtime.lanes import LaneExecutor, ThreadExecutor
 from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
+from odin_nerfstudio.runtime.shard_reader import FetchedStep, Reader
 from odin_nerfstudio.runtime.sharding import (
-    FetchedStep,
     LearningRates,
     Owner,
-    Reader,
     RowExchange,
     RowHandle,
     Rows,

@@ -47,7 +47,8 @@ from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load, views_seeing
-from odin_nerfstudio.runtime.sharding import LearningRates, Owner, Reader
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import LearningRates, Owner
 
 SHARDS_FOLDER = "odin_shards"
 """Beside ``nerfstudio_models``: the shard files and manifests (ns-eval lists the models folder's files as steps)."""

@@ -34,7 +34,8 @@ from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import NO_STEP, Task
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, needs_recut, row_load, views_seeing
-from odin_nerfstudio.runtime.sharding import Owner, Reader, RowExchange, Rows
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import Owner, RowExchange, Rows
 
 
 def restructure(

@@ -2,7 +2,7 @@
 
 As ``simulator.py`` runs the runtime's own code, this runs ``drivers/sharded_loop.ShardedLoop`` with
 ``runtime/sharding``'s :class:`~odin_nerfstudio.runtime.sharding.Owner` and
-:class:`~odin_nerfstudio.runtime.sharding.Reader` (one protocol): which rows an owner serves, which tasks run ahead
+:class:`~odin_nerfstudio.runtime.shard_reader.Reader` (one protocol): which rows an owner serves, which tasks run ahead
 of an unpublished step (the clean part, the unsure flags), throughput-first's stale reads and their admission, the
 return and the publication in rank order are their rules, none written again here. What is modeled is the data
 plane:
@@ -46,7 +46,8 @@ from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.runtime.culling_index import Reach
 from odin_nerfstudio.runtime.metering import Decision, Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load
-from odin_nerfstudio.runtime.sharding import Owner, Reader, Rows
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import Owner, Rows
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.interconnect import Interconnect
 from odin_nerfstudio.simulation.modeled import ModeledRender, VirtualLanes

@@ -26,7 +26,8 @@ from odin_nerfstudio.drivers.virtual import run_virtual
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts
-from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import Owner
 from odin_nerfstudio.adapter.gsplat import apply_structural_change
 from odin_nerfstudio.scenes.toy import (
     LRS,

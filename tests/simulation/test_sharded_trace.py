@@ -26,7 +26,8 @@ from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 from odin_nerfstudio.runtime.metering import Decision, Meter
 from odin_nerfstudio.runtime.placement import by_rank
-from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import Owner
 from odin_nerfstudio.scenes import toy
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets
 from odin_nerfstudio.simulation.costs import CostModel, LinearFit
