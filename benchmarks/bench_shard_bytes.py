@@ -60,7 +60,8 @@ from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import ShardCuts, cut_by_load, row_load, views_seeing
 from odin_nerfstudio.runtime.placement import Placement, by_rank
-from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import Owner
 from odin_nerfstudio.scheduling.regions import view_keys
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig

@@ -79,7 +79,8 @@ from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.ownership import cut_by_load, imbalance, row_load
-from odin_nerfstudio.runtime.sharding import Owner, Reader
+from odin_nerfstudio.runtime.shard_reader import Reader
+from odin_nerfstudio.runtime.sharding import Owner
 from odin_nerfstudio.scenes.toy import LRS, camera, make_params, make_runtime, make_schedule, render
 
 NAME = "bench_shard_memory"

@@ -312,7 +312,11 @@ def _rounds(median_value: float, values: list[float], form: str) -> str:
 
 def early(run: ModeRun) -> str:
     """Priority publication's counters over the ranks: first parts published ahead of the rest, reads that used
-    one, worker steps committed while the step before was published only in its first part."""
+    one, worker steps committed while the step before was published only in its first part; in the sharded mode,
+    owners' early publications (the rows only their own rank writes) and the tasks they settled ("-": none)."""
+    if all("published_early" in c for c in run.counters):
+        names = ("published_early", "settled_locally")
+        return "; ".join(str(sum(c[name] for c in run.counters)) for name in names) + "; -"
     names = ("first_publications", "early_reads", "early_commits")
     return "; ".join(str(sum(c.get(name, 0) for c in run.counters)) for name in names)
 
@@ -375,7 +379,8 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ("tasks run ahead (next step's, while this one waited)", str(sum(c["ran_ahead"] for c in run.counters))),
         ("steps read behind (after a streak of conflicts), those that met one", behind(run)),
         (
-            "priority publication: steps published in two parts; reads of a first part; steps committed early",
+            "priority publication: steps published in two parts; reads of a first part (sharded: tasks settled by "
+            "it); steps committed early",
             early(run),
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),

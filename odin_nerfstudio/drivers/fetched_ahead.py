@@ -1,11 +1,11 @@
 """The sharded loop's steps read ahead (``drivers/sharded_loop.py``): a clean part culled ahead and the exchange
-carrying it, a step fetched ahead and what its tasks may read, a published step whose batch gain is still to be
-set, and the per-rank, per-task flags every rank exchanges."""
+carrying it, a step fetched ahead and what its tasks may read, and the per-rank, per-task flags every rank
+exchanges."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -28,6 +28,8 @@ class Ahead:
         admitted: throughput-first: per rank and task, whether it read stale (every rank's decision), else None.
         failed: throughput-first: per rank and task, whether the gradient rule failed on this owner's rows.
         held: throughput-first: per task of this rank, how many rows of its C(t) the step before may write.
+        local: quality-first: this rank's tasks (indices) whose only doubt is its own owner's, settled once that
+            owner publishes early the rows only this rank's tasks of the step before write (then emptied).
     """
 
     fetched: FetchedStep
@@ -37,6 +39,7 @@ class Ahead:
     admitted: list[list[bool]] | None = None
     failed: list[list[bool]] | None = None
     held: list[int] | None = None
+    local: list[int] = field(default_factory=list)
 
     def rest_needed(self) -> list[list[bool]]:
         """Per rank and task, whether it waits for the rest of its rows (as far as known before the stale reads'
@@ -96,19 +99,38 @@ class CleanPart:
         return rows, side_of(part, f"{self.tag}flags"), side_of(part, f"{self.tag}stale")
 
 
-@dataclass
-class PendingGain:
-    """A published step whose batch gain is not set yet (the adaptive rule's inputs but the other owners' rows).
+def doubt_flags(
+    unsure: Sequence[Sequence[bool]],
+    local: Sequence[Sequence[bool]],
+    stale: Sequence[Sequence[Tensor]],
+    clean: Sequence[Sequence[Tensor]],
+    device: torch.device,
+) -> Rows:
+    """One owner's flags of a step's tasks (``Owner.cull_clean``'s), as the table it sends every rank, so that each
+    learns every task's doubts: per task, unsure (``ids``), whether that doubt is local, and its held-back and
+    total row counts here (throughput-first's stale share)."""
 
-    Attributes:
-        step: the step.
-        rows: this owner's published rows' squared gradient norms, float64 [R, G] (local row order).
-        views: per schedule worker, in worker order, its tasks' squared norms (``norms`` [1, G]; ``any``: measured).
-    """
+    def column(values: list) -> Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device).reshape(-1)
 
-    step: int
-    rows: Tensor
-    views: list[Rows]
+    return {
+        "ids": column([d for rank in unsure for d in rank]),
+        "local": column([d for rank in local for d in rank]),
+        "held": column([r.numel() for rank in stale for r in rank]),
+        "total": column([r.numel() + c.numel() for h, k in zip(stale, clean) for r, c in zip(h, k)]),
+    }
+
+
+def settled_locally(
+    doubts: Sequence[Rows], tasks: Sequence[Sequence[Task]], early: bool
+) -> tuple[list[list[bool]], list[list[bool]]]:
+    """From every owner's flags (``doubts``, in owner order): per rank and task, whether any owner still holds rows
+    of it back, and whether the early publication settles it (``early``: one is made): its only doubt is its own
+    rank's owner's, and local there (``Owner.cull_clean``)."""
+    doubt = torch.stack([d["ids"].bool() for d in doubts])
+    local = torch.stack([d["local"].bool() for d in doubts])
+    settled = local.any(dim=0) & ~(doubt & ~local).any(dim=0) & early
+    return unflat(doubt.any(dim=0) & ~settled, tasks), unflat(settled, tasks)
 
 
 def flat(flags: Sequence[Sequence[bool]], device: torch.device) -> Tensor:

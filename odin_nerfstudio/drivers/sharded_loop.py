@@ -6,20 +6,24 @@ whole fetch, with the clean part of step s + 1 riding on it (each of its tasks w
 exchange of its own where step s fetches nothing); (2) in quality-first with ``fetch_ahead`` > 1, the clean parts
 of the steps after s + 1 up to s + ``fetch_ahead`` (at most K - 1: a step is read once the step K before it is
 published) culled before step s is published; (3) its tasks of step s rendered; (4) the return of step s started,
-carrying the clean parts culled in (2), then the clean parts that came earlier taken; (5) while the return
+carrying the clean parts culled in (2), then the clean parts that came earlier taken; (5) quality-first's early
+publication: where the only doubt about a task of step s + 1 is its own rank's owner's, about rows that only that
+rank's tasks of step s write, the owner publishes those rows from its own part at once and the task takes the
+rest of its rows from it, with no exchange (``Owner.publish_early``: the same bits); (6) while the return
 travels, the tasks of the steps fetched ahead that no owner is unsure of start rendering on the lane (running
 ahead of the publications, exact), only step s + 1's where its rest is to be fetched, so that the lane is free
-for the tasks waiting for that rest; (6) as soon as the return arrives, the owners' publication of step s, and
+for the tasks waiting for that rest; (7) as soon as the return arrives, the owners' publication of step s, and
 then the next step's exchange, beside the lane's render: every rank waits for that exchange, and a rank that
-waited for its render first would hold every rank back. Barrier fetches step s + 1 only after (6): Grendel's
+waited for its render first would hold every rank back. Barrier fetches step s + 1 only after (7): Grendel's
 synchronization, the reference. The unsure flags of every task go to every rank, so every rank knows when no owner
 held anything back and all skip the fetch of the rest alike (the same exchanges in the same order on every rank,
 whatever each one's tasks). Throughput-first looks one step ahead (K = 2's order).
 
 A step's small tables ride on its row exchanges as side tables (``comm/all_to_all.py``), since every exchange pairs
 all ranks and pays a message latency: the densification statistics and the adaptive batch rule's per-task norms on
-the return, and the norms of the rows each owner published in step s - 1 on the return of step s, where every owner
-sets the gain of step s before publishing it. The barrier thus makes two exchanges a step. Where something after
+the return, and the norms of the rows each owner published in step s - 1 on the first exchange of step s (its
+fetch, or its return where it fetches nothing), so the gain of step s is set before its early publication
+(``drivers/sharded_gain.py``). The barrier thus makes two exchanges a step. Where something after
 step s needs its synchronous state (a structural change, a checkpoint, an evaluation, the last step), the gain of
 step s is set at once, with an exchange of its own. Until the gain of step s is set, the owners bound the movement
 of its publication with the largest gain the rule may set.
@@ -42,7 +46,7 @@ import torch
 from torch import Tensor
 
 from odin_nerfstudio.comm.all_to_all import main_of, side_of, with_side
-from odin_nerfstudio.core.batch_gain import AdaptiveGain, merged_squared_norms, row_squared_norms
+from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.ahead_lane import AheadLane
@@ -50,13 +54,15 @@ from odin_nerfstudio.drivers.fetched_ahead import (
     Ahead,
     Carrier,
     CleanPart,
-    PendingGain,
+    doubt_flags,
     flat,
     none_of,
     per_rank,
+    settled_locally,
     unflat,
     waiting,
 )
+from odin_nerfstudio.drivers.sharded_gain import ShardedGain
 from odin_nerfstudio.runtime.lanes import LaneExecutor, ThreadExecutor
 from odin_nerfstudio.runtime.placement import Placement, by_rank
 from odin_nerfstudio.runtime.resharding import restructure
@@ -131,8 +137,7 @@ class ShardedLoop:
         """How many steps past the one being published are fetched ahead: quality-first's ``fetch_ahead``, at most
         K - 1 (a step is read once the step K before it is published, as in the replicated mode); throughput-first's
         stale reads are judged against the step just before, so it looks one step ahead."""
-        self._norms: PendingGain | None = None
-        """The published step whose gain is still to be set (its row norms ride on the next return)."""
+        self._gain = ShardedGain(self.gain, self.owner)
         self._inflight: dict[int, CleanPart] = {}
         """Per step whose clean part is on its way, the exchange carrying it."""
         self._ahead: dict[int, Ahead] = {}
@@ -191,19 +196,18 @@ class ShardedLoop:
         pieces = self._return_pieces(returns, stats, norms)
         for clean in riding:  # the clean parts of the steps after step + 1 ride on the return
             pieces = clean.pieces(pieces)
-        carrier = Carrier(self.exchange.start(pieces, f"return of step {step}"))
+        carrier = self._start(pieces, f"return of step {step}")
         for clean in riding:
             clean.carrier = carrier
         for ahead_step in sorted(self._inflight):
             if self._inflight[ahead_step].carrier is not carrier:  # those on this return come with it
                 self._finish_clean(self._inflight.pop(ahead_step))
+        self._publish_early(step, returns[self.rank])
         held = fetched.nbytes + sum(ahead.fetched.nbytes for ahead in self._ahead.values())
         self.counters.peak_fetched_bytes = max(self.counters.peak_fetched_bytes, held)
         self._start_lane(step)
         by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
-        if self._norms is not None:  # the gain of step - 1, from the row norms every owner sent with this return
-            self._observe_gain(self._norms, [side_of(part, "norms")["rows"] for part in by_rank])
         parts = self._worker_order(step, by_rank)
         received_stats = [side_of(part, "stats") for part in parts] if self.reader.keeps_stats else ()
         merged = self.owner.publish(step, [main_of(part) for part in parts], received_stats)
@@ -212,10 +216,9 @@ class ShardedLoop:
         if ahead is not None and ahead.admitted is not None:
             ahead.failed = self.owner.judge(step + 1, merged, self.stale_grad_ratio)
         self.counters.publications += 1
-        if self.gain is not None:
-            self._norms = PendingGain(step, row_squared_norms(merged.grads), [side_of(part, "views") for part in parts])
-            if self.settles(step) or step >= self.last_step:  # what follows needs this step's gain set
-                self._flush_gain()
+        self._gain.published(step, merged, parts)
+        if self.gain is not None and (self.settles(step) or step >= self.last_step):  # what follows needs its gain
+            self._flush_gain()
         self._ranks_of.pop(step, None)
 
     def _start_ahead(self, step: int, fetch: list[Rows] | None) -> tuple[list[CleanPart], CleanPart | None]:
@@ -232,8 +235,7 @@ class ShardedLoop:
                 continue
             if ahead_step == step + 1 and fetch is None:
                 clean = self._cull_ahead(ahead_step, "")
-                what = f"fetch of the clean part of step {ahead_step}"
-                clean.carrier = Carrier(self.exchange.start(clean.pieces(), what))
+                clean.carrier = self._start(clean.pieces(), f"fetch of the clean part of step {ahead_step}")
             else:
                 clean = self._cull_ahead(ahead_step, f"ahead{ahead_step}")
                 if ahead_step == step + 1:
@@ -243,10 +245,21 @@ class ShardedLoop:
             self._inflight[ahead_step] = clean
         return riding, first
 
+    def _start(self, pieces: list[Rows], what: str) -> Carrier:
+        """Start an exchange of ``pieces`` (``what`` names it); the row norms of a published step whose gain is not
+        set ride on it where they have not left yet (``drivers/sharded_gain.py``)."""
+        pieces, riding = self._gain.riding(pieces)
+        carrier = Carrier(self.exchange.start(pieces, what))
+        if riding:
+            self._gain.started(carrier)
+        return carrier
+
     def _carried(self, carrier: Carrier, step: int, reason: str) -> list[Rows]:
-        """What ``carrier`` brought, waited for once (during ``step``, for ``reason``)."""
+        """What ``carrier`` brought, waited for once (during ``step``, for ``reason``); a gain whose row norms rode
+        on it is set."""
         if carrier.parts is None:
             carrier.parts = self._wait(carrier.handle, step, reason)
+            self._gain.arrived(carrier)
         return carrier.parts
 
     def _start_lane(self, step: int) -> None:
@@ -292,37 +305,40 @@ class ShardedLoop:
 
     def _return_pieces(self, returns: list[Rows], stats: list[Rows], norms: Tensor | None) -> list[Rows]:
         """The return of a step to every owner: its gradient rows, and as side tables the tasks' statistics in the
-        owner's rows, and for the adaptive rule the tasks' squared norms and the norms of the rows this owner
-        published in the step before (where its gain is not set yet; none otherwise)."""
+        owner's rows and, for the adaptive rule, the tasks' squared norms."""
         if self.reader.keeps_stats:
             returns = [with_side(piece, "stats", entries) for piece, entries in zip(returns, stats, strict=True)]
-        if self.gain is None:
-            return returns
-        device = self.owner.params["means"].device
-        columns = len(self.owner.params)
-        measured = torch.zeros(1, columns, dtype=torch.float64, device=device) if norms is None else norms[None]
-        views = {"norms": measured, "any": torch.tensor([norms is not None], device=device)}
-        rows = self._norms.rows if self._norms is not None else measured.new_zeros(0, columns)
-        return [with_side(with_side(piece, "views", views), "norms", {"rows": rows}) for piece in returns]
+        return self._gain.task_norms(returns, norms)
 
     def _flush_gain(self) -> None:
         """Set the pending step's gain now: every owner's row norms gathered by an exchange of their own."""
-        pending = self._norms
-        rows = self._everyone(pending.rows, f"gradient norms of step {pending.step}", pending.step, "return")
-        self._observe_gain(pending, rows)
+        pending = self._gain.pending
+        self._gain.observe(
+            self._everyone(pending.rows, f"gradient norms of step {pending.step}", pending.step, "return")
+        )
 
-    def _observe_gain(self, pending: PendingGain, rows: Sequence[Tensor]) -> None:
-        """The adaptive batch rule for ``pending``'s step, from every owner's row norms (``rows``, in rank order:
-        global-id order) and every worker's tasks' norms; clears the pending step."""
-        self._norms = None
-        if not any(bool(view["any"][0]) for view in pending.views):
+    def _publish_early(self, step: int, own_part: Rows) -> None:
+        """Where this rank's tasks of step + 1 wait only for rows of its own shard that only its own tasks of step
+        ``step`` write (``Ahead.local``): the owner publishes those rows now, from ``own_part`` (this rank's
+        gradients in its shard), and the tasks get the rest of their rows from it, with no exchange; they then run
+        ahead on the lane while the return travels (``Owner.publish_early``)."""
+        ahead = self._ahead.get(step + 1)
+        if ahead is None or not ahead.local:
             return
-        summed = merged_squared_norms(torch.cat(list(rows)))
-        total = torch.zeros_like(summed)
-        for view in pending.views:
-            total.add_(view["norms"][0])
-        names = list(self.owner.params)
-        self.gain.observe(self.owner.optimizers, dict(zip(names, zip(summed.tolist(), total.tolist()))))
+        timeline = self.reader.meter.timeline
+        start = timeline.now()
+        rows = self.owner.publish_early(step, own_part)
+        timeline.record("publish", -1, step, start, {"rows": rows, "first": True})
+        culled = self.owner.cull_local(step + 1, self._tasks(step + 1), ahead.local)
+        local = self.owner.serve(culled)[self.rank]
+        ahead.fetched.add([local], self.owner.params, ahead.local)
+        fetched = int(local["ids"].numel())
+        self.counters.rows_served += fetched
+        self.counters.rows_fetched += fetched
+        self.counters.rows_local += fetched
+        self.counters.published_early += 1
+        self.counters.settled_locally += len(ahead.local)
+        ahead.local = []
 
     def restructure(self, strategy: Any, step: int, seed: int, views: Sequence[Task] = ()) -> None:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank
@@ -395,7 +411,7 @@ class ShardedLoop:
         """One fetch of ``step`` (``pieces`` served) with step + 1's clean part riding on it, ``meanwhile`` run
         while it travels, then waited for: the rows received, and the clean parts to ride on the return."""
         riding, first = self._start_ahead(step, pieces)
-        carrier = Carrier(self.exchange.start(pieces if first is None else first.pieces(pieces), what))
+        carrier = self._start(pieces if first is None else first.pieces(pieces), what)
         if first is not None:
             first.carrier = carrier
         meanwhile()
@@ -411,23 +427,12 @@ class ShardedLoop:
         # one's waits for the row norms riding on its own return, the later ones' for steps not published yet.
         unpublished = step - 1 - self.owner.published_through
         gains = [
-            None if self.gain is None or (k == 0 and self._norms is None) else self.gain.largest
+            None if self.gain is None or (k == 0 and self._gain.is_set) else self.gain.largest
             for k in range(unpublished)
         ]
-        clean, unsure, stale = self.owner.cull_clean(step, tasks, gains, self.rates)
+        clean, unsure, stale, local = self.owner.cull_clean(step, tasks, gains, self.rates)
         served = self.owner.serve(clean)
-        device = self.owner.params["means"].device
-        flags = {  # every rank's tasks' flags, to every rank: each learns every task's doubts
-            "ids": torch.tensor([d for rank in unsure for d in rank], dtype=torch.int64, device=device).reshape(-1),
-            "held": torch.tensor(
-                [r.numel() for rank in stale for r in rank], dtype=torch.int64, device=device
-            ).reshape(-1),
-            "total": torch.tensor(
-                [r.numel() + c.numel() for h, k in zip(stale, clean) for r, c in zip(h, k)],
-                dtype=torch.int64,
-                device=device,
-            ).reshape(-1),
-        }
+        flags = doubt_flags(unsure, local, stale, clean, self.owner.params["means"].device)
         stale_served = self.owner.serve(stale) if self.mode == "throughput" else []
         return CleanPart(step, served, unsure, stale, stale_served, flags, tag)
 
@@ -439,9 +444,15 @@ class ShardedLoop:
         received = self._counted(pending.served, [rows for rows, _, _ in tables])
         doubts = [flags for _, flags, _ in tables]
         tasks = self._tasks(step)
-        anyone = unflat(torch.stack([d["ids"] for d in doubts]).any(dim=0), tasks)
-        fetched = FetchedStep.of(received, self.owner.params, anyone[self.rank])
-        ahead = Ahead(fetched, pending.unsure, anyone)
+        # Early publication (quality-first, the step before the next to publish, its gain set): the same on
+        # every rank, as are the flags, so every rank knows which tasks it settles.
+        early = self.mode == "quality" and self.owner.published_through == step - 2 and self._gain.is_set
+        anyone, settled = settled_locally(doubts, tasks, early)
+        own = settled[self.rank]
+        fetched = FetchedStep.of(received, self.owner.params, [a or s for a, s in zip(anyone[self.rank], own)])
+        unsure = [[u and not s for u, s in zip(rank_unsure, rank_settled, strict=True)]
+                  for rank_unsure, rank_settled in zip(pending.unsure, settled, strict=True)]
+        ahead = Ahead(fetched, unsure, anyone, local=[index for index, s in enumerate(own) if s])
         if self.mode == "throughput":
             # Every rank decides every task's admission from the same sums: no exchange of the decisions.
             rows = self._counted(pending.stale_served, [stale for _, _, stale in tables])

@@ -185,6 +185,7 @@ class ShardedTraining:
             "odin/rows_fetched": float(counters.rows_fetched),
             "odin/rows_returned": float(counters.rows_returned),
             "odin/ran_ahead": float(counters.ran_ahead),
+            "odin/settled_locally": float(counters.settled_locally),
             "odin/stale_reads": float(counters.stale_reads),
             "odin/reruns": float(counters.reruns),
             "odin/recuts": float(counters.recuts),

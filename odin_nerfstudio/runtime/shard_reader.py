@@ -53,9 +53,10 @@ class FetchedStep:
         copy.add(received, template)
         return copy
 
-    def add(self, received: Sequence[Rows], template: dict[str, Tensor]) -> None:
-        """The rest of the rows, sent after a publication (none of them was sent before): merged in id order;
-        every task then has all its rows."""
+    def add(self, received: Sequence[Rows], template: dict[str, Tensor], tasks: Sequence[int] | None = None) -> None:
+        """The rest of the rows, sent after a publication: merged in id order; every task (or the rank's ``tasks``)
+        then has all its rows. No task's row was sent before, though a row may already be here for another task
+        (an owner's early publication settled that one locally): each task still reads each of its rows once."""
         rest = _concat(received, template)
         ids = torch.cat([self.ids, rest["ids"]])
         order = torch.argsort(ids)
@@ -63,7 +64,8 @@ class FetchedStep:
         self.masks = torch.cat([self.masks, rest["masks"]])[order]
         self.versions = torch.cat([self.versions, rest["versions"]])[order]
         self.values = {name: torch.cat([self.values[name], rest[name]])[order] for name in template}
-        self.unsure = [False] * len(self.unsure)
+        for index in range(len(self.unsure)) if tasks is None else tasks:
+            self.unsure[index] = False
 
     @property
     def nbytes(self) -> int:

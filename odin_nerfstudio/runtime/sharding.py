@@ -23,7 +23,9 @@ whether a pending row may end up in its C(t): whether one meets its frustum wide
 move a row (``SelectiveAdam.movement_bound``). A task for which no owner says so reads exactly its synchronous C(t)
 already, and may run ahead of the publication; the others get the rest of their rows (the pending rows in their
 frustum, culled after the publication) once step s is published. That is how quality-first overlaps a step with
-the one before and stays equal to the barrier bit for bit.
+the one before and stays equal to the barrier bit for bit. Where those pending rows are the owner's own rank's to
+write alone (no other rank's task of step s has them in its C(t)), the owner publishes them from its own rank's
+part before the return arrives and serves its rank's waiting task their rest at once (:meth:`Owner.publish_early`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from odin_nerfstudio.comm.protocol import FirstPart
 from odin_nerfstudio.core.conflicts import isin_sorted, union_sorted
 from odin_nerfstudio.core.selective_adam import SelectiveAdam
-from odin_nerfstudio.core.sparse import SparseUpdate, sum_in_order, tensor_bytes
+from odin_nerfstudio.core.sparse import SparseUpdate, restricted, sum_in_order, tensor_bytes
 from odin_nerfstudio.core.tables import PrimitiveTables
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.runtime.adapter import RenderAdapter
@@ -90,6 +93,9 @@ class ShardCounters:
             held none of them, only rows that might move into it, runs ahead without counting here).
         reruns: tasks read stale and re-run on the published state (the gradient rule failed).
         publications: steps this owner published.
+        published_early: steps this owner published in two parts, the rows only its own rank's tasks write first
+            (before the return arrived), so that its rank's tasks of the next step settled their doubt locally.
+        settled_locally: this rank's tasks whose only doubt that early publication settled (no rest fetched).
         peak_fetched_bytes: the most bytes of fetched rows held at once (a step's, and the next one's clean part).
         restructures: structural changes (each re-orders the rows and moves those whose owner changed).
         recuts: structural changes after which the shards were re-cut by load.
@@ -108,6 +114,8 @@ class ShardCounters:
     stale_reads: int = 0
     reruns: int = 0
     publications: int = 0
+    published_early: int = 0
+    settled_locally: int = 0
     peak_fetched_bytes: int = 0
     restructures: int = 0
     recuts: int = 0
@@ -162,6 +170,9 @@ class Owner:
         """Per step fetched ahead, the held-back rows its unsure tasks' rest may take (local, sorted)."""
         self._stale: dict[int, list[list[Tensor]]] = {}
         """Per step fetched ahead, per rank and task, the rows read stale here (throughput-first; empty: none)."""
+        self._others: dict[int, Tensor] = {}
+        """Per unpublished step, its possible writes among this shard's rows by other ranks' tasks (local, sorted):
+        the rest of its pending rows only this rank's own tasks may write (:meth:`publish_early`)."""
 
     @property
     def published_through(self) -> int:
@@ -205,12 +216,14 @@ class Owner:
         tasks: Sequence[Sequence[Task]],
         gains: Sequence[float | None] = (),
         rates: LearningRates | None = None,
-    ) -> tuple[list[list[Tensor]], list[list[bool]], list[list[Tensor]]]:
+    ) -> tuple[list[list[Tensor]], list[list[bool]], list[list[Tensor]], list[list[bool]]]:
         """Before the steps before ``step`` are published: per rank and task of ``step``, the rows of its C(t) that
         none of them can write (local, sorted), whether a row one of them may write may end up in its C(t) (in its
         frustum widened by the most their publications can move a row: the k-th at learning rates ``rates(name,
-        k)``, default the current ones, and at batch gain ``gains[k]`` where its own is not set yet), and the rows
-        of its C(t) now that they may write (what a stale read would read)."""
+        k)``, default the current ones, and at batch gain ``gains[k]`` where its own is not set yet), the rows
+        of its C(t) now that they may write (what a stale read would read), and whether this owner's doubt is
+        local: the task is this rank's own, one step is unpublished, and only this rank's own tasks of it may
+        write the rows that may end up in its C(t), so that :meth:`publish_early` settles it with no exchange."""
         pending = self._pending_before(step)
         unpublished = step - 1 - self.published_through
         gains = [*gains, *[None] * (unpublished - len(gains))]
@@ -221,20 +234,23 @@ class Owner:
             )
             for name in ("means", "scales")
         ))  # fmt: skip
-        clean, unsure, stale = [], [], []
+        clean, unsure, stale, local = [], [], [], []
+        others = self._others.get(step - 1, pending[:0]) if unpublished == 1 else None
         maybe = pending[:0]
-        for rank_tasks in tasks:
+        for rank, rank_tasks in enumerate(tasks):
             rows = [self.index.candidates(task) for task in rank_tasks]
             held = [isin_sorted(r, pending) if pending.numel() else torch.zeros_like(r, dtype=torch.bool) for r in rows]
             clean.append([r[~h] for r, h in zip(rows, held, strict=True)])
             stale.append([r[h] for r, h in zip(rows, held, strict=True)])
             meeting = [self.index.meeting(task, pending, reach) if pending.numel() else pending[:0] for task in rank_tasks]
             unsure.append([bool(m.numel()) for m in meeting])
+            own = rank == self.rank and others is not None
+            local.append([own and bool(m.numel()) and not bool(isin_sorted(m, others).any()) for m in meeting])
             maybe = union_sorted([maybe, *meeting], pending.device)
         self._declare(step, clean)
         self._held[step] = pending
         self._maybe[step] = maybe
-        return clean, unsure, stale
+        return clean, unsure, stale, local
 
     def admit_stale(self, step: int, stale: Sequence[Sequence[Tensor]], admitted: Sequence[Sequence[bool]]) -> None:
         """Tasks of ``step`` admitted to read ``stale`` rows before step - 1 is published (throughput-first): those
@@ -275,12 +291,26 @@ class Owner:
         self._declare(step, rest)
         return rest
 
+    def cull_local(self, step: int, tasks: Sequence[Sequence[Task]], settled: Sequence[int]) -> list[list[Tensor]]:
+        """Once :meth:`publish_early` published step - 1's rows that only this rank's tasks write: per rank and task
+        of ``step``, for this rank's tasks ``settled`` (their indices; :meth:`cull_clean` found their doubt local),
+        the rows held back that are in their C(t) now (the rest of their read, at their synchronous values; empty
+        for the other tasks)."""
+        held = self._held[step]
+        culled = [[held[:0] for _ in rank_tasks] for rank_tasks in tasks]
+        for index in settled:
+            task = tasks[self.rank][index]
+            culled[self.rank][index] = held[self.index.bounds().meets(self.index.region(task), held)]
+        self._declare(step, culled)
+        return culled
+
     def _declare(self, step: int, culled: Sequence[Sequence[Tensor]]) -> None:
-        """Add ``culled`` rows (per rank and task) to ``step``'s pending writes."""
+        """Add ``culled`` rows (per rank and task) to ``step``'s pending writes (and other ranks' to its others')."""
+        device = self.params["means"].device
         sets = [rows for rank in culled for rows in rank]
-        if step in self.pending:
-            sets.append(self.pending[step])
-        self.pending[step] = union_sorted(sets, self.params["means"].device)
+        others = [rows for rank, rank_rows in enumerate(culled) if rank != self.rank for rows in rank_rows]
+        for table, new in ((self.pending, sets), (self._others, others)):
+            table[step] = union_sorted([*new, *([table[step]] if step in table else [])], device)
 
     def _pending_before(self, step: int) -> Tensor:
         """The rows an unpublished step before ``step`` may write (local, sorted): its C(t) culled so far, and for
@@ -320,7 +350,20 @@ class Owner:
                     self.adapter.accumulate(self.strategy_state, task_entries, self.params["means"].shape[0])
         self.publisher.done(step, rows)
         self.pending.pop(step, None)
+        self._others.pop(step, None)
         return merged
+
+    def publish_early(self, step: int, part: Rows) -> int:
+        """Publish now, before the other ranks' parts of ``step`` arrive, the rows of this rank's own part (``part``:
+        its tasks' gradients in this shard, global ids) that no other rank's task of the step may write: their sum
+        is this part alone, so selective Adam gives them the bits the whole publication would (``Publisher``'s
+        first part, at the step's global step); :meth:`publish` then applies the rest. Returns the rows written."""
+        update = SparseUpdate(part["ids"] - self.lo, {name: part[name] for name in self.params})
+        others = self._others.get(step, update.rows[:0])
+        own = restricted(update, ~isin_sorted(update.rows, others)) if others.numel() else update
+        rows, means, scales = self.publisher.apply_first(step, FirstPart(own.rows, own, None), self.tables.seq)
+        self.index.update(rows, means, scales)
+        return int(rows.numel())
 
 
 def _by_task(entries: Rows) -> list[Rows]:

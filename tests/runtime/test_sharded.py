@@ -210,10 +210,10 @@ def test_the_adaptive_batch_rule_sets_the_same_gains_on_every_owner_as_on_the_re
 
 
 def test_a_barrier_step_makes_two_exchanges_with_the_statistics_and_the_adaptive_rule_riding_on_them() -> None:
-    """Densification statistics, per-task norms and the row norms of the step before travel as side tables of the
-    return: a step is one fetch and one return on every rank, and a step's gain is set by an exchange of its own
-    only where something needs it at once (the refinement after ``REFINE_AFTER``, the last step). The model, the
-    statistics and the gains equal the replicated barrier's with the same rule."""
+    """Densification statistics and per-task norms travel as side tables of the return, the row norms of the step
+    before on the fetch: a step is one fetch and one return on every rank, and a step's gain is set by an exchange
+    of its own only where something needs it at once (the refinement after ``REFINE_AFTER``, the last step). The
+    model, the statistics and the gains equal the replicated barrier's with the same rule."""
     workers = 3
     schedule = make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0)
     gain = AdaptiveGain(workers * 2)
@@ -398,6 +398,29 @@ def test_sharded_quality_fetches_k_minus_1_steps_ahead_and_still_equals_the_barr
     # each step's return carries the clean part K - 1 steps ahead: no exchange of its own.
     assert logs[0][:2] == ["fetch of step 0", "return of step 0"]
     assert not any(what.startswith("fetch of the clean part") for what in logs[0])
+
+
+@pytest.mark.parametrize("gain", [False, True])
+def test_an_owner_publishes_early_the_rows_only_its_rank_writes_and_its_tasks_run_ahead_on_them(gain: bool) -> None:
+    """Quality-first, one step fetched ahead: a task of step s + 1 whose only doubt is its own rank's owner's, about
+    rows only that rank's tasks of step s write, is settled by the owner's early publication of those rows (before
+    the other ranks' gradients arrive) and takes the rest of its rows locally; the model equals the barrier's bit
+    for bit (with the adaptive rule too: the row norms of step s - 1 ride on step s's fetch, so its gain is set
+    before the early publication). Every rank makes the same exchanges, at most two a step."""
+    steps = 12
+    schedule = make_schedule(steps, 2, 2, 32, focal_scale=4.0)
+    cuts = ShardCuts.even(120, 2)
+    rule = AdaptiveGain(4) if gain else None
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02, gain=rule)
+    logs: list[list[str]] = [[], []]
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, gain=rule, logs=logs, fetch_ahead=1)
+    assert_identical(quality, barrier)
+    assert all(loop.counters.published_early > 0 for loop in loops), "each owner published a step early"
+    assert all(loop.counters.settled_locally > 0 for loop in loops), "each rank settled a task locally"
+    assert logs[0] == logs[1] and len(logs[0]) <= 2 * steps + (1 if gain else 0)
+    if gain:
+        averages = {loop.owner.optimizers["means"].param_groups[0][AVERAGES_KEY] for loop in loops}
+        assert len(averages) == 1 and averages != {(0.0, 0.0)}
 
 
 def test_sharded_quality_skips_the_rest_fetch_where_no_owner_held_a_row_back() -> None:
