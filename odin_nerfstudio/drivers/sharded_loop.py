@@ -424,7 +424,8 @@ class ShardedLoop:
         ``tag``: how it travels (:class:`CleanPart`). :meth:`_finish_clean` takes it once it is here."""
         tasks = self._tasks(step)
         # Per publication before ``step``, the gain to bound its movement with where it is not set yet: the first
-        # one's waits for the row norms riding on its own return, the later ones' for steps not published yet.
+        # one's waits for the row norms riding on the exchange about to start, the later ones' for steps not
+        # published yet.
         unpublished = step - 1 - self.owner.published_through
         gains = [
             None if self.gain is None or (k == 0 and self._gain.is_set) else self.gain.largest
