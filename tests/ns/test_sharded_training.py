@@ -142,7 +142,7 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
 def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead(tmp_path: Path) -> None:
     """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality (behind the emulated PCIe link)
     equal the replicated barrier of 3 virtual workers bit for bit, and quality-first's reads ran ahead of
-    unpublished steps."""
+    unpublished steps, some of them on rows their own owner published early (``Owner.publish_early``)."""
     # The locality order, K = 2 for quality-first (one step fetched ahead): on this small street, in the regional
     # order (the sharded default) a worker's next view overlaps what the step before writes, and at K = 4 a task
     # must be clear of three unpublished steps' writes; in either case no read runs ahead. A step runs ahead only
@@ -162,6 +162,7 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     folder = run_folder(tmp_path, "quality")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     assert sum(c["ran_ahead"] for c in counters) > 0
+    assert sum(c["settled_locally"] for c in counters) > 0, "an owner's early publication settled a task locally"
     assert len({c["rest_fetches"] for c in counters}) == 1, "every rank fetched the rest of the same steps"
     assert all(c["placed"] > 0 for c in counters), "workers ran on other ranks than their numbers"
 
