@@ -29,7 +29,7 @@ class Ahead:
         failed: throughput-first: per rank and task, whether the gradient rule failed on this owner's rows.
         held: throughput-first: per task of this rank, how many rows of its C(t) the step before may write.
         local: quality-first: this rank's tasks (indices) whose only doubt is its own owner's, settled once that
-            owner publishes early the rows only this rank's tasks of the step before write (then emptied).
+            owner publishes early the rows only this rank's tasks of the step before write.
     """
 
     fetched: FetchedStep

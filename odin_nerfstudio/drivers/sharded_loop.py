@@ -330,15 +330,10 @@ class ShardedLoop:
         rows = self.owner.publish_early(step, own_part)
         timeline.record("publish", -1, step, start, {"rows": rows, "first": True})
         culled = self.owner.cull_local(step + 1, self._tasks(step + 1), ahead.local)
-        local = self.owner.serve(culled)[self.rank]
-        ahead.fetched.add([local], self.owner.params, ahead.local)
-        fetched = int(local["ids"].numel())
-        self.counters.rows_served += fetched
-        self.counters.rows_fetched += fetched
-        self.counters.rows_local += fetched
+        served = self.owner.serve(culled)  # rows for this rank only: served and received here
+        ahead.fetched.add([self._counted(served, served)[self.rank]], self.owner.params, ahead.local)
         self.counters.published_early += 1
         self.counters.settled_locally += len(ahead.local)
-        ahead.local = []
 
     def restructure(self, strategy: Any, step: int, seed: int, views: Sequence[Task] = ()) -> None:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank

@@ -19,6 +19,7 @@ from odin_nerfstudio.runtime.reads import Read, ReadRecord, RenderFn
 from odin_nerfstudio.runtime.shadow import ShadowGraph
 from odin_nerfstudio.runtime.sharding import Rows
 
+
 @dataclass
 class FetchedStep:
     """The rows one rank's tasks of a step read, gathered from every owner.

@@ -170,9 +170,10 @@ class Owner:
         """Per step fetched ahead, the held-back rows its unsure tasks' rest may take (local, sorted)."""
         self._stale: dict[int, list[list[Tensor]]] = {}
         """Per step fetched ahead, per rank and task, the rows read stale here (throughput-first; empty: none)."""
-        self._others: dict[int, Tensor] = {}
-        """Per unpublished step, its possible writes among this shard's rows by other ranks' tasks (local, sorted):
-        the rest of its pending rows only this rank's own tasks may write (:meth:`publish_early`)."""
+        self._others: dict[int, list[Tensor]] = {}
+        """Per unpublished step, its possible writes among this shard's rows by other ranks' tasks, as declared
+        (local rows; united only where an early publication needs them, :meth:`_others_of`): the rest of its
+        pending rows only this rank's own tasks may write (:meth:`publish_early`)."""
 
     @property
     def published_through(self) -> int:
@@ -235,7 +236,7 @@ class Owner:
             for name in ("means", "scales")
         ))  # fmt: skip
         clean, unsure, stale, local = [], [], [], []
-        others = self._others.get(step - 1, pending[:0]) if unpublished == 1 else None
+        others = self._others_of(step - 1) if unpublished == 1 else None
         maybe = pending[:0]
         for rank, rank_tasks in enumerate(tasks):
             rows = [self.index.candidates(task) for task in rank_tasks]
@@ -306,11 +307,16 @@ class Owner:
 
     def _declare(self, step: int, culled: Sequence[Sequence[Tensor]]) -> None:
         """Add ``culled`` rows (per rank and task) to ``step``'s pending writes (and other ranks' to its others')."""
-        device = self.params["means"].device
         sets = [rows for rank in culled for rows in rank]
+        if step in self.pending:
+            sets.append(self.pending[step])
+        self.pending[step] = union_sorted(sets, self.params["means"].device)
         others = [rows for rank, rank_rows in enumerate(culled) if rank != self.rank for rows in rank_rows]
-        for table, new in ((self.pending, sets), (self._others, others)):
-            table[step] = union_sorted([*new, *([table[step]] if step in table else [])], device)
+        self._others.setdefault(step, []).extend(rows for rows in others if rows.numel())
+
+    def _others_of(self, step: int) -> Tensor:
+        """The rows of this shard that other ranks' tasks of ``step`` may write (local, sorted)."""
+        return union_sorted(self._others.get(step, []), self.params["means"].device)
 
     def _pending_before(self, step: int) -> Tensor:
         """The rows an unpublished step before ``step`` may write (local, sorted): its C(t) culled so far, and for
@@ -359,7 +365,7 @@ class Owner:
         is this part alone, so selective Adam gives them the bits the whole publication would (``Publisher``'s
         first part, at the step's global step); :meth:`publish` then applies the rest. Returns the rows written."""
         update = SparseUpdate(part["ids"] - self.lo, {name: part[name] for name in self.params})
-        others = self._others.get(step, update.rows[:0])
+        others = self._others_of(step)
         own = restricted(update, ~isin_sorted(update.rows, others)) if others.numel() else update
         rows, means, scales = self.publisher.apply_first(step, FirstPart(own.rows, own, None), self.tables.seq)
         self.index.update(rows, means, scales)
