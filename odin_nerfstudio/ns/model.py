@@ -3,14 +3,14 @@
 It keeps splatfacto's parameters, losses, densification strategy and exporters, so the viewer,
 `ns-export gaussian-splat` and `ns-eval` treat it as splatfacto. It changes three things splatfacto gets
 wrong off a GPU: no hard-coded `.cuda()`, rendering through :func:`odin_nerfstudio.rendering.rasterize.rasterization`
-(gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights at init. For a schedule of
-W x B views per step it counts its refinement, SH and resolution schedules in views (`batch_scaling`, the batch rule).
+(gsplat on CUDA, the pure-torch rasterizer on CPU), and LPIPS that never downloads weights (`ns/lpips.py`). For a
+schedule of W x B views per step it counts its refinement, SH and resolution schedules in views (`batch_scaling`,
+the batch rule).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, Literal, Optional, Tuple, Type, Union
 
 import torch
@@ -25,15 +25,12 @@ from nerfstudio.models.splatfacto import (
     resize_image,
 )
 from nerfstudio.utils.colors import get_color
-from nerfstudio.utils.comms import is_main_process
-from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
 from torch import Tensor
 
 from odin_nerfstudio.adapter.gsplat import ViewCountedStrategy
 from odin_nerfstudio.ns.batch_scaling import BatchScaling, batch_scaling
-
-ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
+from odin_nerfstudio.ns.lpips import make_lpips
 
 
 def get_viewmat(camera_to_world: Tensor) -> Tensor:
@@ -52,26 +49,6 @@ def get_viewmat(camera_to_world: Tensor) -> Tensor:
     viewmat[:, :3, :3] = R_inv
     viewmat[:, :3, 3:4] = -torch.bmm(R_inv, T)
     return viewmat
-
-
-def alexnet_weights_path() -> Path:
-    """Where torchvision keeps the AlexNet weights that torchmetrics' LPIPS loads."""
-    return Path(torch.hub.get_dir()) / "checkpoints" / ALEXNET_WEIGHTS
-
-
-def make_lpips() -> Optional[torch.nn.Module]:
-    """LPIPS (AlexNet) when its weights are already on disk, else None with one warning (never a download); in a
-    distributed run rank 0 gives the warning for the job."""
-    if not alexnet_weights_path().exists():
-        if is_main_process():
-            CONSOLE.print(
-                f"[yellow]LPIPS skipped: AlexNet weights not found at {alexnet_weights_path()}; "
-                "place them there (or set TORCH_HOME) to report LPIPS.[/yellow]"
-            )
-        return None
-    from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
-
-    return LearnedPerceptualImagePatchSimilarity(normalize=True)
 
 
 @dataclass

