@@ -95,6 +95,7 @@ class RunsCode:
     "content, says",
     [
         (pickle.dumps({"AlexNet_0": RunsCode()}), "refused posix.getcwd"),
+        (pickle.dumps({"AlexNet_0": np.load}), "refused numpy.load"),  # numpy, but a function, not an array
         (pickle.dumps({"AlexNet_0": {}}), "'Conv_0'"),
         (b"\x80\x04\x95", "pickle data was truncated"),
     ],
