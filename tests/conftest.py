@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -29,6 +30,14 @@ SHARED_SCENES = ("fern", "fountain_p11", "kermit")
 REAL_SCENES = (SHIPPED_SCENE, *SHARED_SCENES) if SHARED_DATA.is_dir() or os.environ.get("CI") else (SHIPPED_SCENE,)
 
 
+def missing(message: str) -> NoReturn:
+    """Something a test needs is not on this machine: skip with ``message``, or fail under CI, where the project's
+    own files install or ship everything a test needs."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def real_scene(name: str) -> Path:
     """Path of a real scene: kermit_320 in tests/data, the others in ../shared/data (skips when absent, fails when
     absent under CI)."""
@@ -36,10 +45,7 @@ def real_scene(name: str) -> Path:
         return TESTS_DATA / name
     path = SHARED_DATA / name
     if not (path / "sparse" / "0").is_dir():
-        message = f"real scene {name!r} not found at {path} (set ODIN_SHARED_DATA to the folder holding it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"real scene {name!r} not found at {path} (set ODIN_SHARED_DATA to the folder holding it)")
     return path
 
 

