@@ -59,6 +59,7 @@ from odin_nerfstudio.drivers.step_loop import settle
 from odin_nerfstudio.drivers.training_loop import LoopConfig, TrainingLoop
 from odin_nerfstudio.kernels.ops import scatter_in_order
 from odin_nerfstudio.ns.checkpoints import load_trainer_checkpoint, restore_strategy_state, save_trainer_checkpoint
+from odin_nerfstudio.ns.event_writers import close_writers_since, writers_mark
 from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
 from odin_nerfstudio.ns.memory_cap import check_memory_cap
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
@@ -169,6 +170,8 @@ class OdinTrainer(Trainer):
         """The torch.distributed transports this trainer made (`_transports`): it guards and closes them."""
         self.shards: ShardedTraining | None = None
         """The sharded mode's part of this rank (``--sharded``), else None."""
+        self._writers_mark = writers_mark()
+        """The process's event writers before this trainer's setup adds its own (closed by `_after_train`)."""
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """nerfstudio's setup (pipeline, optimizers, checkpoint, viewer, writers), then the runtime over the model."""
@@ -453,6 +456,7 @@ class OdinTrainer(Trainer):
             super()._after_train()
         finally:
             CONSOLE.quiet = quiet
+            close_writers_since(self._writers_mark)
 
     def _per_rank(self, filename: str) -> str:
         """``filename`` in a one-process run, ``<stem>_rank<r><suffix>`` with the global rank otherwise."""

@@ -257,3 +257,21 @@ def test_the_candidate_rlg_is_culled_with_the_runtimes_margin(street: Path, tmp_
     }
     assert (datamanager.schedule.rlg.weights != graphs[0.5].weights).nnz == 0
     assert (graphs[0.5].weights != graphs[0.1].weights).nnz > 0
+
+
+def test_a_finished_run_closes_its_event_writers_and_a_second_run_logs_only_to_its_own(
+    street: Path, tmp_path: Path
+) -> None:
+    """nerfstudio keeps every trainer's writers in one process-wide list; the trainer closes and drops its own."""
+    from nerfstudio.utils import writer
+
+    before = list(writer.EVENT_WRITERS)
+    first = train(trainer_config(street, tmp_path / "first", 6))
+    assert writer.EVENT_WRITERS == before, "the first run left its writers in nerfstudio's list"
+    (events,) = first.base_dir.glob("events.out.tfevents.*")
+    written = events.read_bytes()
+    assert b"odin/bookkeeping_ms_per_task" in written, "the run's scalars were not on disk when training returned"
+    second = train(trainer_config(street, tmp_path / "second", 6))
+    assert writer.EVENT_WRITERS == before
+    assert events.read_bytes() == written, "the second run wrote into the first run's event file"
+    assert b"odin/bookkeeping_ms_per_task" in next(second.base_dir.glob("events.out.tfevents.*")).read_bytes()
