@@ -91,19 +91,17 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
         start(scene, tmp_path, "virtual", "--pipeline.datamanager.num-workers", "2", "--runtime.mode", "barrier",
               *REGIONS),
         start(scene, tmp_path, "barrier", "--sharded", "True", "--runtime.mode", "barrier", ranks=2),
-        start(scene, tmp_path, "quality", "--sharded", "True", "--runtime.mode", "quality", ranks=2),
     ]  # fmt: skip
-    _, out, _ = map(finish, runs)
+    _, out = map(finish, runs)
     assert "Odin sharded: rank 1 owns rows" in out
 
     virtual = checkpoint(tmp_path, "virtual")
     assert params_of(virtual)["_model.gauss_params.means"].shape[0] != 649, "the run should densify"
-    for name in ("barrier", "quality"):
-        assert_same_params(checkpoint(tmp_path, name), virtual)
-        moments = shard_moments(tmp_path, name)
-        for param, state in virtual["optimizers"].items():
-            for key in ("exp_avg", "exp_avg_sq"):
-                assert torch.equal(moments[f"{param}.{key}"], state["state"][0][key]), (name, param, key)
+    assert_same_params(checkpoint(tmp_path, "barrier"), virtual)
+    moments = shard_moments(tmp_path, "barrier")
+    for param, state in virtual["optimizers"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(moments[f"{param}.{key}"], state["state"][0][key]), (param, key)
     counters = json.loads((run_folder(tmp_path, "barrier") / "odin_counters_rank0.json").read_text())
     assert counters["restructures"] > 0 and counters["rows_fetched"] > 0
     # After training, everything else at once (the suite's time: each command is mostly its start-up): the timeline;
@@ -115,7 +113,7 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     shutil.move(folder / "odin_shards" / f"step-{last:09d}.rank-1-of-2.ckpt", tmp_path / "moved.ckpt")
     sharded = ["--sharded", "True", "--runtime.mode", "barrier", "--load-dir", str(models)]
     later = [
-        processes.start("odin-timeline", str(run_folder(tmp_path, "quality"))),
+        processes.start("odin-timeline", str(run_folder(tmp_path, "barrier"))),
         start(scene, tmp_path, "resumed", *sharded, "--load-step", "7", ranks=2, iterations=ITERATIONS - 8),
         evaluate(tmp_path, "virtual"),
         evaluate(tmp_path, "barrier"),
@@ -125,7 +123,7 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
         start(scene, tmp_path, "lost", *sharded, "--load-step", str(last), ranks=2, iterations=2),
     ]  # fmt: skip
     drawn, *_ = map(finish, later[:5])
-    assert "views/s" in drawn and (run_folder(tmp_path, "quality") / "odin_timeline.png").exists()
+    assert "views/s" in drawn and (run_folder(tmp_path, "barrier") / "odin_timeline.png").exists()
     assert_same_params(checkpoint(tmp_path, "resumed"), virtual)
     psnr = [json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"] for name in ("virtual", "barrier")]
     assert psnr[0] == psnr[1]
@@ -186,13 +184,13 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
 @pytest.mark.slow
 def test_kermit_on_three_ranks_equals_the_replicated_barrier_across_re_cuts(tmp_path: Path) -> None:
     """kermit_320 at W = 3 (uneven shards of a real scene; the street at W = 3 and kermit_320 at W = 2 are the tests
-    above): the sharded barrier against the replicated barrier of 3 virtual workers, across densifications after
+    above): sharded quality-first against the replicated barrier of 3 virtual workers, across densifications after
     which the shards were re-cut by load, alike on every rank. 6 views a step: a refinement every 6 views after the
     first 6 (after every step from step 2), so that the loads drift apart."""
     scene, iterations = real_scene("kermit_320"), 9
     every_step = ["--pipeline.model.warmup-length", "6", "--pipeline.model.refine-every", "6"]
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS, *every_step]
-    sharded = ["--sharded", "True", "--runtime.mode", "barrier", *every_step]
+    sharded = ["--sharded", "True", "--runtime.mode", "quality", *every_step]
     runs = [start(scene, tmp_path, "virtual", *virtual, iterations=iterations)]
     runs.append(start(scene, tmp_path, "sharded", *sharded, ranks=3, iterations=iterations))
     for run in runs:

@@ -15,7 +15,7 @@ from tests.runtime.test_equivalence import pipeline_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-STEPS = 300
+STEPS = 150
 WORKERS = 4
 
 
