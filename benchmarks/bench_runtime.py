@@ -264,6 +264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.gaussians, args.length, args.steps, args.no_write = 20_000, 60.0, 3, True
         args.sweep_lengths, args.sweep_sizes, args.sweep_unordered, args.fern_steps = [], [], False, 0
+        args.backend_rounds = 2
     if args.backends is None:
         args.backends = list(BACKENDS) if ops.compiled(args.device) else ["reference"]
     if "compiled" in args.backends and not ops.compiled(args.device):

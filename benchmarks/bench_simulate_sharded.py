@@ -25,7 +25,7 @@ as the runtime keeps them).
 
 Usage: ``python benchmarks/bench_simulate_sharded.py [--runs-dir DIR] [--scenes city street object] [--workers 8 16 64]
 [--big-views 1024] [--predict-steps 40] [--quick]``; ``--runs-dir`` keeps the real runs there and reuses those it
-finds; ``--quick`` shrinks everything and never writes. Otherwise the figures replace the section between
+finds; ``--quick`` shrinks everything (the barrier and quality-first run for real) and never writes. Otherwise the figures replace the section between
 ``<!-- bench_simulate_sharded:start -->`` and ``<!-- bench_simulate_sharded:end -->``.
 """
 
@@ -111,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenes", nargs="+", choices=SCENES, default=list(SCENES), help="the predicted scenes")
     parser.add_argument("--workers", type=int, nargs="+", default=list(WORKERS), help="the predicted W")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per command before it is killed")
+    parser.add_argument("--real-modes", nargs="+", choices=MODES, default=list(MODES), help="the modes run for real")
     parser.add_argument("--quick", action="store_true", help="small scenes, a few steps, W = 8, print only")
     parser.add_argument("--output", type=Path, default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
@@ -118,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.views, args.gaussians, args.iterations = 16, 6000, 4
         args.big_views, args.object_views, args.predict_steps, args.no_write = 128, 32, 4, True
-        args.workers = [8]
+        args.workers, args.real_modes = [8], ["barrier", "quality"]
     return args
 
 
@@ -128,7 +129,7 @@ def real_runs(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str, P
     if not (scene / "sparse" / "0").is_dir():
         scene = make_street(args, folder)
     runs, reused = {}, []
-    for mode in MODES:
+    for mode in args.real_modes:
         name = f"street-sharded-{mode}"
         path = folder / name / "odin-splat" / "run"
         if list(path.glob("odin_timeline_rank*.json")):

@@ -138,9 +138,11 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
 
 @pytest.mark.slow
 def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead(tmp_path: Path) -> None:
-    """W = 3 (uneven shards) on an odin-synth street: sharded barrier and quality (behind the emulated PCIe link)
-    equal the replicated barrier of 3 virtual workers bit for bit, and quality-first's reads ran ahead of
-    unpublished steps, some of them on rows their own owner published early (``Owner.publish_early``)."""
+    """W = 3 (uneven shards) on an odin-synth street: sharded quality-first (behind the emulated PCIe link) equals the
+    replicated barrier of 3 virtual workers bit for bit, and its reads ran ahead of unpublished steps, some of them
+    on rows their own owner published early (``Owner.publish_early``); sharded throughput-first's PSNR is within 1%
+    of that barrier's. (The sharded barrier equals the replicated one at W = 3 in ``tests/runtime/test_sharded.py``,
+    through the CLI at W = 2 above.)"""
     # The locality order, K = 2 for quality-first (one step fetched ahead): on this small street, in the regional
     # order (the sharded default) a worker's next view overlaps what the step before writes, and at K = 4 a task
     # must be clear of three unpublished steps' writes; in either case no read runs ahead. A step runs ahead only
@@ -150,13 +152,12 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     street += ["--pipeline.datamanager.schedule-order", "rlg", "--runtime.ring-slots", "2"]  # K orders the steps
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier"]
     runs = [start(scene, tmp_path, "virtual", *street, *virtual)]
-    for mode, link in (("barrier", "none"), ("quality", "pcie"), ("throughput", "none")):
+    for mode, link in (("quality", "pcie"), ("throughput", "none")):
         sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
         runs.append(start(scene, tmp_path, mode, *street, *sharded, ranks=3))
     for run in runs:
         finish(run)
-    for mode in ("barrier", "quality"):
-        assert_same_params(checkpoint(tmp_path, mode), checkpoint(tmp_path, "virtual"))
+    assert_same_params(checkpoint(tmp_path, "quality"), checkpoint(tmp_path, "virtual"))
     folder = run_folder(tmp_path, "quality")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     assert sum(c["ran_ahead"] for c in counters) > 0
@@ -168,12 +169,12 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     folder = run_folder(tmp_path, "throughput")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     print("throughput stale reads", [c["stale_reads"] for c in counters], "re-runs", [c["reruns"] for c in counters])
-    names = ("barrier", "throughput")
+    names = ("virtual", "throughput")
     for run in [evaluate(tmp_path, name) for name in names]:
         finish(run)
     psnr = {name: json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"] for name in names}
     print("PSNR", psnr)
-    assert abs(psnr["throughput"] - psnr["barrier"]) <= 0.01 * psnr["barrier"]
+    assert abs(psnr["throughput"] - psnr["virtual"]) <= 0.01 * psnr["virtual"]
     manifest = json.loads((folder / "odin_shards" / f"step-{ITERATIONS - 1:09d}.json").read_text())
     assert len(set(torch.tensor(manifest["bounds"]).diff().tolist())) > 1, "cut by load, the shards are uneven"
     kept = sorted(path.name for path in (folder / "odin_shards").iterdir())
