@@ -11,7 +11,7 @@ procedural Gaussians), no link (the emulated link sits under the replicated exch
 its costs fitted on its own timeline (task, publication, trainer time per step; the all-to-all's own time from its
 fetch waits), each task with the render + backward time it measured. Target: views/s within 15%.
 
-Predictions. Costs pooled over the three runs; W = 8, 16 and 64 ranks of one worker each, B = 1, K = 4,
+Predictions. Costs pooled over the real runs; W = 8, 16 and 64 ranks of one worker each, B = 1, K = 4,
 ``--predict-steps`` steps, behind the ``10gbe`` preset: the sharded modes' row all-to-all with one link per rank
 (``Interconnect.all_to_all_s``: two collectives, one latency each, the most bytes a rank sends or receives), and the
 replicated barrier and quality-first beside them at the same W with the same costs (each step's exchange chosen by its
@@ -24,9 +24,10 @@ bench_simulate's scan-rig street and its dense ``odin-synth`` object (both from 
 as the runtime keeps them).
 
 Usage: ``python benchmarks/bench_simulate_sharded.py [--runs-dir DIR] [--scenes city street object] [--workers 8 16 64]
-[--big-views 1024] [--predict-steps 40] [--quick]``; ``--runs-dir`` keeps the real runs there and reuses those it
-finds; ``--quick`` shrinks everything (the barrier and quality-first run for real) and never writes. Otherwise the figures replace the section between
-``<!-- bench_simulate_sharded:start -->`` and ``<!-- bench_simulate_sharded:end -->``.
+[--big-views 1024] [--predict-steps 40] [--real-modes barrier quality throughput] [--quick]``; ``--runs-dir`` keeps
+the real runs there and reuses those it finds; ``--quick`` shrinks everything (the barrier and quality-first run for
+real) and never writes. Otherwise the figures replace the section between ``<!-- bench_simulate_sharded:start -->``
+and ``<!-- bench_simulate_sharded:end -->``.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ def report(
         "",
         *validation_table(replays),
         "",
-        f"Costs pooled over the three runs (used below): {pooled.describe()}.",
+        f"Costs pooled over the {len(replays)} runs (used below): {pooled.describe()}.",
         "",
         (
             f"Predictions: B = 1, K = 4 (one step fetched ahead), {args.predict_steps} steps per mode, a rank per "
