@@ -186,8 +186,9 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
 def test_kermit_on_three_ranks_equals_the_replicated_barrier_across_re_cuts(tmp_path: Path) -> None:
     """kermit_320 at W = 3 (uneven shards of a real scene; the street at W = 3 and kermit_320 at W = 2 are the tests
     above): sharded quality-first against the replicated barrier of 3 virtual workers, across densifications after
-    which the shards were re-cut by load, alike on every rank. 6 views a step: a refinement every 6 views after the
-    first 6 (after every step from step 2), so that the loads drift apart."""
+    which the shards were re-cut by load, alike on every rank, with steps fetched ahead of the publication before
+    them (their rest fetched after it). 6 views a step: a refinement every 6 views after the first 6 (after every
+    step from step 2), so that the loads drift apart."""
     scene, iterations = real_scene("kermit_320"), 9
     every_step = ["--pipeline.model.warmup-length", "6", "--pipeline.model.refine-every", "6"]
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier", *REGIONS, *every_step]
@@ -203,6 +204,9 @@ def test_kermit_on_three_ranks_equals_the_replicated_barrier_across_re_cuts(tmp_
     assert all(c["restructures"] > 0 for c in counters)
     assert len({c["recuts"] for c in counters}) == 1, "every rank re-cuts alike"
     assert counters[0]["recuts"] > 0, "the shards were re-cut by load"
+    assert len({c["rest_fetches"] for c in counters}) == 1 and counters[0]["rest_fetches"] > 0, (
+        "quality-first fetched steps ahead of the publication before them, then their rest, alike on every rank"
+    )
 
 
 def test_the_rates_ahead_are_the_schedulers_own() -> None:
