@@ -25,8 +25,8 @@ as the runtime keeps them).
 
 Usage: ``python benchmarks/bench_simulate_sharded.py [--runs-dir DIR] [--scenes city street object] [--workers 8 16 64]
 [--big-views 1024] [--predict-steps 40] [--real-modes barrier quality throughput] [--quick]``; ``--runs-dir`` keeps
-the real runs there and reuses those it finds; ``--quick`` shrinks everything (the barrier and quality-first run for
-real) and never writes. Otherwise the figures replace the section between ``<!-- bench_simulate_sharded:start -->``
+the real runs there and reuses those it finds; ``--quick`` shrinks everything (quality-first alone runs for real)
+and never writes. Otherwise the figures replace the section between ``<!-- bench_simulate_sharded:start -->``
 and ``<!-- bench_simulate_sharded:end -->``.
 """
 
@@ -120,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.views, args.gaussians, args.iterations = 16, 6000, 4
         args.big_views, args.object_views, args.predict_steps, args.no_write = 128, 32, 4, True
-        args.workers, args.real_modes = [8], ["barrier", "quality"]
+        args.workers, args.real_modes = [8], ["quality"]
     return args
 
 
@@ -319,7 +319,8 @@ def report(
         "",
         *validation_table(replays),
         "",
-        f"Costs pooled over the {len(replays)} runs (used below): {pooled.describe()}.",
+        f"Costs pooled over {len(replays)} real run{'s' if len(replays) > 1 else ''} (used below): "
+        f"{pooled.describe()}.",
         "",
         (
             f"Predictions: B = 1, K = 4 (one step fetched ahead), {args.predict_steps} steps per mode, a rank per "

@@ -41,8 +41,9 @@ hidden wait) is taken within a round, between runs made minutes apart, and its m
 with every round's value. The other rows come from the variant's median run (by views/s).
 
 Usage: ``python benchmarks/bench_train.py [--workers 2] [--interconnect none,10gbe] [--repeats 3] [--quick]``;
-``--quick`` runs a small scene for a few steps once (for tests) and never writes BENCHMARKS.md. Otherwise the figures
-replace the section between ``<!-- bench_train:start -->`` and ``<!-- bench_train:end -->``.
+``--quick`` runs a small scene for a few steps once (for tests; ddp, the barrier, quality-first and hogwild) and
+never writes BENCHMARKS.md. Otherwise the figures replace the section between ``<!-- bench_train:start -->`` and
+``<!-- bench_train:end -->``.
 """
 
 from __future__ import annotations
@@ -197,8 +198,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.views, args.gaussians, args.points, args.iterations, args.no_write = 16, 6000, 2000, 6, True
         args.repeats = 1
         args.street_length, args.dense = 80.0, False
-        # Less the variants that are quality-first's code with one flag changed (priority publication, the order)
-        args.modes = [mode for mode in args.modes if mode not in ("quality-no-priority", "quality-random")]
+        # Less the variants that are quality-first's code with one flag changed (priority publication, the order),
+        # and throughput-first (through torchrun in bench_quality's --quick and tests/ns/test_sharded_training.py)
+        left_out = ("quality-no-priority", "quality-random", "throughput")
+        args.modes = [mode for mode in args.modes if mode not in left_out]
     return args
 
 
@@ -449,9 +452,8 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
         f"## {args.section}: odin-splat on W processes, {title}",
         "",
         f"Command: `{command}`  ",
-        (
-            f"Machine: {machine()}; {args.workers} ranks ({'NCCL' if args.device == 'cuda' else 'gloo'}), one torch thread each  "
-        ),
+        f"Machine: {machine()}; {args.workers} ranks ({'NCCL' if args.device == 'cuda' else 'gloo'}), "
+        "one torch thread each  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",
         (

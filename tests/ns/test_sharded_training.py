@@ -8,13 +8,14 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from odin_nerfstudio.ns import command_line
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
-from odin_nerfstudio.ns.sharded_training import scheduled_rates
+from odin_nerfstudio.ns.sharded_training import find_sharded_checkpoint, scheduled_rates
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns import processes
 from tests.ns.processes import Started, finish
@@ -49,6 +50,16 @@ def evaluate(output: Path, name: str) -> Started:
     """Start ns-eval on run ``name``'s latest checkpoint, writing ``output / name.json``."""
     config = run_folder(output, name) / "config.yml"
     return processes.start("ns-eval", "--load-config", str(config), "--output-path", str(output / f"{name}.json"))
+
+
+def psnr_here(output: Path, name: str) -> float:
+    """ns-eval's held-out PSNR of run ``name``'s latest checkpoint, by ns-eval's own code in this process: for the
+    references a test compares with, without a command's start-up (about 11 s of CPU on 2 cores) each."""
+    from nerfstudio.scripts.eval import ComputePSNR
+
+    path = output / f"{name}-here.json"
+    ComputePSNR(load_config=run_folder(output, name) / "config.yml", output_path=path).main()
+    return json.loads(path.read_text())["results"]["psnr"]
 
 
 def run_folder(output: Path, name: str) -> Path:
@@ -106,8 +117,8 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     assert counters["restructures"] > 0 and counters["rows_fetched"] > 0
     # After training, everything else at once (the suite's time: each command is mostly its start-up): the timeline;
     # resuming the sharded barrier from its checkpoint of step 7, across the later refinements; ns-eval and
-    # ns-export on the consolidated checkpoint (the whole model); and resumes that must be refused, with another W
-    # or with a shard of the last step missing.
+    # ns-export on the consolidated checkpoint (the whole model), ns-eval's PSNR the replicated run's; and a resume
+    # that must be refused, with a shard of the last step missing.
     folder, models = run_folder(tmp_path, "barrier"), run_folder(tmp_path, "barrier") / "nerfstudio_models"
     last = ITERATIONS - 1
     shutil.move(folder / "odin_shards" / f"step-{last:09d}.rank-1-of-2.ckpt", tmp_path / "moved.ckpt")
@@ -115,25 +126,26 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     later = [
         processes.start("odin-timeline", str(run_folder(tmp_path, "barrier"))),
         start(scene, tmp_path, "resumed", *sharded, "--load-step", "7", ranks=2, iterations=ITERATIONS - 8),
-        evaluate(tmp_path, "virtual"),
         evaluate(tmp_path, "barrier"),
         processes.start("ns-export", "gaussian-splat", "--load-config", str(folder / "config.yml"), "--output-dir",
                         str(tmp_path / "export")),
-        start(scene, tmp_path, "one", "--sharded", "True", "--load-dir", str(models), iterations=2),
         start(scene, tmp_path, "lost", *sharded, "--load-step", str(last), ranks=2, iterations=2),
     ]  # fmt: skip
-    drawn, *_ = map(finish, later[:5])
+    # While they run, in this process: the check every rank makes before it trains refuses a resume with another W.
+    with pytest.raises(ValueError, match="saved by 2 shards and this run has 1: .*--nproc-per-node 2"):
+        find_sharded_checkpoint(SimpleNamespace(load_dir=models, load_step=7), rank=0, num_shards=1)
+    reference = psnr_here(tmp_path, "virtual")
+    drawn, *_ = map(finish, later[:4])
     assert "views/s" in drawn and (run_folder(tmp_path, "barrier") / "odin_timeline.png").exists()
     assert_same_params(checkpoint(tmp_path, "resumed"), virtual)
-    psnr = [json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"] for name in ("virtual", "barrier")]
-    assert psnr[0] == psnr[1]
+    # The whole model's PSNR, to float rounding: ns-eval picks its thread count by the machine's load
+    # (odin_nerfstudio/ns/threads.py), and a mean taken over other threads may differ in its last bit.
+    assert json.loads((tmp_path / "barrier.json").read_text())["results"]["psnr"] == pytest.approx(reference, abs=1e-4)
     ply = (tmp_path / "export" / "splat.ply").read_bytes()
     vertices = int(ply.split(b"element vertex ")[1].split(b"\n")[0])
     assert vertices == params_of(virtual)["_model.gauss_params.means"].shape[0]
-    with pytest.raises(AssertionError, match="saved by 2 shards and this run has 1"):
-        finish(later[5])
     with pytest.raises(AssertionError, match="rank-1-of-2.ckpt of .* are missing"):
-        finish(later[6])
+        finish(later[4])
 
 
 @pytest.mark.slow
@@ -165,14 +177,12 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     assert len({c["rest_fetches"] for c in counters}) == 1, "every rank fetched the rest of the same steps"
     assert all(c["placed"] > 0 for c in counters), "workers ran on other ranks than their numbers"
 
-    # Throughput-first: stale reads admitted at the owners; its held-out PSNR within 1% of the barrier's.
+    # Throughput-first: stale reads admitted at the owners; its held-out PSNR within 1% of the barrier's (ns-eval's
+    # code in this process: ns-eval itself on a sharded run is the first test's).
     folder = run_folder(tmp_path, "throughput")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     print("throughput stale reads", [c["stale_reads"] for c in counters], "re-runs", [c["reruns"] for c in counters])
-    names = ("virtual", "throughput")
-    for run in [evaluate(tmp_path, name) for name in names]:
-        finish(run)
-    psnr = {name: json.loads((tmp_path / f"{name}.json").read_text())["results"]["psnr"] for name in names}
+    psnr = {name: psnr_here(tmp_path, name) for name in ("virtual", "throughput")}
     print("PSNR", psnr)
     assert abs(psnr["throughput"] - psnr["virtual"]) <= 0.01 * psnr["virtual"]
     manifest = json.loads((folder / "odin_shards" / f"step-{ITERATIONS - 1:09d}.json").read_text())

@@ -77,9 +77,9 @@ def fern_trainer_config(output_dir: Path, iterations: int, scene: str = "fern"):
 
 
 def test_ns_train_lists_odin_splat_and_its_options() -> None:
-    listing = run_cli("ns-train", "--help").stdout
+    helps = [processes.start("ns-train", "--help"), processes.start("ns-train", "odin-splat", "--help")]  # at once
+    listing, options = map(processes.finish, helps)
     assert "odin-splat" in listing and "odin-splat-quick" in listing
-    options = run_cli("ns-train", "odin-splat", "--help").stdout
     assert "odin-colmap" in options
     assert "--pipeline.model.rasterize-mode" in options
     assert "--pipeline.model.batch-scaling" in options, "Grendel's rule and its off switch"

@@ -15,7 +15,7 @@ from tests.runtime.test_equivalence import pipeline_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-STEPS = 150
+STEPS = 100
 WORKERS = 4
 
 
