@@ -21,7 +21,8 @@ from tests.ns import processes
 from tests.ns.processes import Started, finish
 from tests.ns.test_training import real_scene
 
-ITERATIONS = 14
+ITERATIONS = 10
+SAVE_EVERY = 5
 REGIONS = ("--pipeline.datamanager.schedule-order", "regions")
 """The replicated reference runs the sharded mode's order (its default, auto, is regions with --sharded)."""
 DENSIFY = [
@@ -37,11 +38,11 @@ kept (a resume starts from the middle one)."""
 
 
 def start(scene: Path, output: Path, name: str, *options: str, ranks: int | None = None, **flags) -> Started:
-    """Start training ``name`` (ITERATIONS steps, a checkpoint every 7) with one intra-op thread per process.
+    """Start training ``name`` (ITERATIONS steps, a checkpoint every SAVE_EVERY) with one intra-op thread per process.
     Runs started together overlap their start-ups and waits (the suite's time on 2 cores)."""
     command = command_line.train_command(
         "odin-splat", scene, output, flags.pop("iterations", ITERATIONS), ranks=ranks, experiment_name=name,
-        steps_per_save=7, options=[*DENSIFY, *options], **flags,
+        steps_per_save=SAVE_EVERY, options=[*DENSIFY, *options], **flags,
     )  # fmt: skip
     return replace(processes.start(*command, one_thread=True), name=name)
 
@@ -116,7 +117,7 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     counters = json.loads((run_folder(tmp_path, "barrier") / "odin_counters_rank0.json").read_text())
     assert counters["restructures"] > 0 and counters["rows_fetched"] > 0
     # After training, everything else at once (the suite's time: each command is mostly its start-up): the timeline;
-    # resuming the sharded barrier from its checkpoint of step 7, across the later refinements; ns-eval and
+    # resuming the sharded barrier from its middle checkpoint, across the later refinements; ns-eval and
     # ns-export on the consolidated checkpoint (the whole model), ns-eval's PSNR the replicated run's; and a resume
     # that must be refused, with a shard of the last step missing.
     folder, models = run_folder(tmp_path, "barrier"), run_folder(tmp_path, "barrier") / "nerfstudio_models"
@@ -125,7 +126,8 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     sharded = ["--sharded", "True", "--runtime.mode", "barrier", "--load-dir", str(models)]
     later = [
         processes.start("odin-timeline", str(run_folder(tmp_path, "barrier"))),
-        start(scene, tmp_path, "resumed", *sharded, "--load-step", "7", ranks=2, iterations=ITERATIONS - 8),
+        start(scene, tmp_path, "resumed", *sharded, "--load-step", str(SAVE_EVERY), ranks=2,
+              iterations=ITERATIONS - SAVE_EVERY - 1),
         evaluate(tmp_path, "barrier"),
         processes.start("ns-export", "gaussian-splat", "--load-config", str(folder / "config.yml"), "--output-dir",
                         str(tmp_path / "export")),
@@ -133,7 +135,7 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
     ]  # fmt: skip
     # While they run, in this process: the check every rank makes before it trains refuses a resume with another W.
     with pytest.raises(ValueError, match="saved by 2 shards and this run has 1: .*--nproc-per-node 2"):
-        find_sharded_checkpoint(SimpleNamespace(load_dir=models, load_step=7), rank=0, num_shards=1)
+        find_sharded_checkpoint(SimpleNamespace(load_dir=models, load_step=SAVE_EVERY), rank=0, num_shards=1)
     reference = psnr_here(tmp_path, "virtual")
     drawn, *_ = map(finish, later[:4])
     assert "views/s" in drawn and (run_folder(tmp_path, "barrier") / "odin_timeline.png").exists()
@@ -163,13 +165,15 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     street = ["--pipeline.datamanager.views-per-step", "1", "--save-only-latest-checkpoint", "True"]
     street += ["--pipeline.datamanager.schedule-order", "rlg", "--runtime.ring-slots", "2"]  # K orders the steps
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier"]
-    runs = [start(scene, tmp_path, "virtual", *street, *virtual)]
+    steps = 14  # 9 tasks ran ahead and 2 were settled locally here (3 and 1 in 10 steps)
+    runs = [start(scene, tmp_path, "virtual", *street, *virtual, iterations=steps)]
     for mode, link in (("quality", "pcie"), ("throughput", "none")):
         sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
-        runs.append(start(scene, tmp_path, mode, *street, *sharded, ranks=3))
+        runs.append(start(scene, tmp_path, mode, *street, *sharded, ranks=3, iterations=steps))
     for run in runs:
         finish(run)
-    assert_same_params(checkpoint(tmp_path, "quality"), checkpoint(tmp_path, "virtual"))
+    last = steps - 1
+    assert_same_params(checkpoint(tmp_path, "quality", last), checkpoint(tmp_path, "virtual", last))
     folder = run_folder(tmp_path, "quality")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     assert sum(c["ran_ahead"] for c in counters) > 0
@@ -185,11 +189,11 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     psnr = {name: psnr_here(tmp_path, name) for name in ("virtual", "throughput")}
     print("PSNR", psnr)
     assert abs(psnr["throughput"] - psnr["virtual"]) <= 0.01 * psnr["virtual"]
-    manifest = json.loads((folder / "odin_shards" / f"step-{ITERATIONS - 1:09d}.json").read_text())
+    manifest = json.loads((folder / "odin_shards" / f"step-{last:09d}.json").read_text())
     assert len(set(torch.tensor(manifest["bounds"]).diff().tolist())) > 1, "cut by load, the shards are uneven"
     kept = sorted(path.name for path in (folder / "odin_shards").iterdir())
-    assert kept == [f"step-{ITERATIONS - 1:09d}.json", *manifest["files"]], "only the latest checkpoint is kept"
-    assert [p.name for p in (folder / "nerfstudio_models").iterdir()] == [f"step-{ITERATIONS - 1:09d}.ckpt"]
+    assert kept == [f"step-{last:09d}.json", *manifest["files"]], "only the latest checkpoint is kept"
+    assert [p.name for p in (folder / "nerfstudio_models").iterdir()] == [f"step-{last:09d}.ckpt"]
 
 
 @pytest.mark.slow
@@ -222,8 +226,6 @@ def test_kermit_on_three_ranks_equals_the_replicated_barrier_across_re_cuts(tmp_
 def test_the_rates_ahead_are_the_schedulers_own() -> None:
     """The learning rates that bound the steps fetched ahead: nerfstudio's exponential decay (a ``LambdaLR``) k
     scheduler steps on, the current rate without a scheduler, unbounded under a scheduler it cannot read ahead."""
-    from types import SimpleNamespace
-
     from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
     def optimizer(lr: float) -> torch.optim.Optimizer:
