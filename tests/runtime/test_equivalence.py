@@ -1,8 +1,8 @@
 """Quality-first equals the barrier baseline bit for bit on real and synthetic scenes with OdinSplatModel.
 
-68 schedule steps on W = 2 and 4 virtual workers (the street at W = 2: ``tests/ns/test_trainer.py``, through the
-trainer), including one densification (grow and prune) and opacity resets, under run-ahead and random
-interleavings: parameters and Adam moments are `torch.equal`.
+68 schedule steps on W = 4 virtual workers (W = 2: the street through the trainer in ``tests/ns/test_trainer.py``
+and kermit_320 with the escape check below), including one densification (grow and prune) and opacity resets,
+under run-ahead and random interleavings: parameters and Adam moments are `torch.equal`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def street(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("scene_name", "workers"), [("kermit_320", 2), ("kermit_320", 4), ("street", 4)])
+@pytest.mark.parametrize(("scene_name", "workers"), [("kermit_320", 4), ("street", 4)])
 def test_quality_first_is_bit_identical_to_barrier(
     scene_name: str, workers: int, request: pytest.FixtureRequest, default_torch_threads: int
 ) -> None:
