@@ -1,8 +1,8 @@
 """Quality-first equals the barrier baseline bit for bit on real and synthetic scenes with OdinSplatModel.
 
-68 schedule steps on W = 4 virtual workers (W = 2: the street through the trainer in ``tests/ns/test_trainer.py``
-and kermit_320 with the escape check below), including one densification (grow and prune) and opacity resets,
-under run-ahead and random interleavings: parameters and Adam moments are `torch.equal`.
+68 schedule steps on W = 4 virtual workers, including one densification (grow and prune) and opacity resets,
+under run-ahead and random interleavings: parameters and Adam moments are `torch.equal`. (W = 2: the street through
+the trainer across a densification in ``tests/ns/test_trainer.py``; kermit_320 for 20 steps in the escape test below.)
 """
 
 from __future__ import annotations
