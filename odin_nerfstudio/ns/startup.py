@@ -14,19 +14,29 @@ odin-splat (``ns-train odin-splat...``, or any ns-* command whose ``--load-confi
 - the commands that compute no metric (``ns-export``, ``ns-viewer``, ``ns-render``) skip LPIPS, and with it the
   warning that its AlexNet weights are missing.
 
-Other methods' commands are left as nerfstudio runs them, but for :func:`reflow_help_texts` (every ns-* command's
-``--help`` reflows its options' descriptions instead of cutting them where the source wraps).
+Other methods' commands are left as nerfstudio runs them, but for two steps every ns-* command takes:
+:func:`reflow_help_texts` (``--help`` reflows the options' descriptions instead of cutting them where the source
+wraps) and :func:`skip_catalogue_stack_walk` (2.7 s less start-up on this project's CPU machine: BENCHMARKS.md,
+bench_startup).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from odin_nerfstudio.core.help_text import reflow_help_texts, reflowed
 
-__all__ = ["prepare_command", "quiet_empty_profile", "reflow_help_texts", "reflowed", "require_cuda_if_asked"]
+__all__ = [
+    "prepare_command",
+    "quiet_empty_profile",
+    "reflow_help_texts",
+    "reflowed",
+    "require_cuda_if_asked",
+    "skip_catalogue_stack_walk",
+]
 
 COMMANDS_WITHOUT_METRICS = ("ns-export", "ns-viewer", "ns-render")
 """ns-* commands that load a trained model without evaluating it: LPIPS would never be computed."""
@@ -110,6 +120,32 @@ def quiet_empty_profile() -> None:
     profiler.Profiler.print_profile = print_profile
 
 
+def skip_catalogue_stack_walk() -> None:
+    """Build nerfstudio's catalogue of installable external methods without walking the stack for each entry.
+
+    nerfstudio 1.1.5 tells its catalogue's placeholders (``ExternalMethodDummyTrainerConfig``) from a user's choice by
+    ``inspect.stack()[2].function == "get_external_methods"`` in their ``__post_init__``. ``inspect.stack()`` reads
+    the source lines of every frame (the import machinery's included) and looks each one's module up among the
+    thousands torch has loaded: 26 entries took 2.7 s of every ns-* command's start-up on this project's CPU machine
+    (BENCHMARKS.md, bench_startup). The same test on the frame itself (``sys._getframe(2)``: the dataclass's
+    ``__init__`` is frame 1) costs nothing; a user's choice still reaches nerfstudio's offer to install the method.
+    """
+    from nerfstudio.configs.external_methods import ExternalMethodDummyTrainerConfig as Placeholder
+
+    offer_install = Placeholder.__post_init__
+    if getattr(offer_install, "odin_quick", False):
+        return
+
+    @functools.wraps(offer_install)
+    def __post_init__(self) -> None:
+        if sys._getframe(2).f_code.co_name == "get_external_methods":
+            return
+        offer_install(self)
+
+    __post_init__.odin_quick = True  # type: ignore[attr-defined]
+    Placeholder.__post_init__ = __post_init__
+
+
 def skip_lpips() -> None:
     """Build odin-splat's model without LPIPS (a command that computes no metric), so no warning about its weights."""
     from odin_nerfstudio.ns import model
@@ -125,6 +161,7 @@ def prepare_command(argv: Sequence[str] | None = None) -> None:
     if _prepared or not command.startswith("ns-"):
         return
     reflow_help_texts()
+    skip_catalogue_stack_walk()
     if not runs_odin(command, argv[1:]):
         return
     _prepared.append(command)

@@ -172,6 +172,33 @@ def test_an_empty_profile_prints_nothing(capsys: pytest.CaptureFixture[str], mon
     assert "Printing profiling stats" in capsys.readouterr().out
 
 
+def test_the_external_methods_catalogue_is_built_without_walking_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    from nerfstudio.configs import external_methods
+    from rich.prompt import Confirm
+
+    placeholder = external_methods.ExternalMethodDummyTrainerConfig
+    monkeypatch.setattr(placeholder, "__post_init__", inspect.unwrap(placeholder.__post_init__))  # nerfstudio's
+    walks: list[int] = []
+    walk = inspect.stack
+    monkeypatch.setattr(inspect, "stack", lambda *args: walks.append(1) or walk(*args)[1:])  # the caller's stack
+    external_methods.get_external_methods()
+    assert len(walks) == len(external_methods.get_external_methods()[0])  # nerfstudio's own: one walk per entry
+    walks.clear()
+    startup.skip_catalogue_stack_walk()
+    startup.skip_catalogue_stack_walk()  # once only
+    configs, _ = external_methods.get_external_methods()
+    assert len(configs) > 10 and not walks
+    # a user's choice of an external method still reaches nerfstudio's offer to install it
+    offered: list[str] = []
+    monkeypatch.setattr(Confirm, "ask", lambda *args, **kwargs: offered.append("asked") or False)
+    method = next(iter(configs.values())).method
+    with pytest.raises(SystemExit) as stopped:
+        placeholder(method_name="chosen", method=method)
+    assert stopped.value.code == 0 and walks and offered == ["asked"] * bool(method.pip_package)
+
+
 HELP_CHECK = """
 import dataclasses, sys
 from odin_nerfstudio.ns.startup import reflow_help_texts
