@@ -48,7 +48,6 @@ from pathlib import Path
 from _report import BENCHMARKS, cpu_name, publish
 
 from odin_nerfstudio.ns.command_line import train_command
-from odin_nerfstudio.ns.startup import skip_catalogue_stack_walk
 
 NAME = "bench_batch"
 BIN = Path(sys.executable).parent
@@ -237,8 +236,6 @@ def view_independence(config: Path, step: int, size: int, draws: int = 200) -> d
     lr x sqrt(size), the rule's scale), ``size`` when they are identical (then it takes lr x size).
     """
     import torch
-
-    skip_catalogue_stack_walk()  # as every ns-* command does: eval_utils builds nerfstudio's method catalogue
     from nerfstudio.utils.eval_utils import eval_setup
 
     def at_step(trainer_config):

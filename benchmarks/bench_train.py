@@ -65,7 +65,6 @@ from odin_nerfstudio.comm.link import link_preset
 from odin_nerfstudio.core.timeline_cli import draw
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
 from odin_nerfstudio.ns.command_line import train_command
-from odin_nerfstudio.ns.startup import skip_catalogue_stack_walk
 
 NAME = "bench_train"
 BIN = Path(sys.executable).parent
@@ -282,7 +281,6 @@ def train_mode(
 def evaluate(config: Path, output: Path) -> None:
     """ns-eval's ``ComputePSNR`` on a run's last checkpoint, in this process: the command's own code, without
     paying nerfstudio's start-up (over 10 s on 2 cores) once per run."""
-    skip_catalogue_stack_walk()  # as every ns-* command does: eval builds nerfstudio's method catalogue
     from nerfstudio.scripts.eval import ComputePSNR
 
     ComputePSNR(load_config=config, output_path=output).main()

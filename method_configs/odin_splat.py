@@ -3,7 +3,9 @@
 This module is loaded by every ns-* command through nerfstudio's entry points, so it imports only what the
 specifications need; heavy or optional libraries (pycolmap, scipy, matplotlib) load lazily where used. Being the
 plugin's first code in such a command, it runs ``prepare_command`` (``odin_nerfstudio/ns/startup.py``) for the
-commands that run odin-splat: the CUDA check before nerfstudio prints anything, the CPU threads, quieter output.
+commands that run odin-splat: the CUDA check before nerfstudio prints anything, the CPU threads, quieter output;
+and, in every process that builds nerfstudio's method catalogue (which loads the plugins first), it builds the
+catalogue's installable external methods without a stack walk each (``skip_catalogue_stack_walk``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from odin_nerfstudio.ns.datamanager import OdinDatamanagerConfig
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
 from odin_nerfstudio.ns.pipeline import OdinPipelineConfig
-from odin_nerfstudio.ns.startup import prepare_command
+from odin_nerfstudio.ns.startup import prepare_command, skip_catalogue_stack_walk
 from odin_nerfstudio.ns.trainer import OdinTrainerConfig, SelectiveAdamOptimizerConfig
 
 allow_nerfstudio_checkpoints()
+skip_catalogue_stack_walk()  # nerfstudio builds its catalogue right after loading its plugins
 
 
 def _adam(lr: float) -> SelectiveAdamOptimizerConfig:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from odin_nerfstudio.ns.splat_runtime import odin_camera
-from odin_nerfstudio.ns.startup import skip_catalogue_stack_walk
 
 
 @torch.no_grad()
@@ -47,7 +46,6 @@ def drawn_rows_of_run(config_path: Path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(
             f"--checkpoint {config_path} does not exist; pass a run's config.yml (outputs/<scene>/<method>/<run>/)"
         )
-    skip_catalogue_stack_walk()  # eval_utils builds nerfstudio's method catalogue
     from nerfstudio.utils.eval_utils import eval_setup
 
     _, pipeline, _, _ = eval_setup(config_path, test_mode="inference")

@@ -33,12 +33,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_nerfstudio.comm.liveness import SILENCE_S, Heartbeat
 from odin_nerfstudio.ns.options import OptionError, check_options
 from odin_nerfstudio.ns.signals import exit_on_sigterm
-from odin_nerfstudio.ns.startup import (
-    quiet_empty_profile,
-    reflow_help_texts,
-    require_cuda_if_asked,
-    skip_catalogue_stack_walk,
-)
+from odin_nerfstudio.ns.startup import quiet_empty_profile, reflow_help_texts, require_cuda_if_asked
 from odin_nerfstudio.ns.threads import apply_cpu_threads
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -79,7 +74,6 @@ def plugin_methods() -> type:
 def main(config: TrainerConfig) -> None:
     """Train ``config`` as the rank torchrun's environment names, or as ns-train when there is none."""
     if "WORLD_SIZE" not in os.environ:
-        skip_catalogue_stack_walk()
         from nerfstudio.scripts import train as ns_train  # builds nerfstudio's method catalogue: only here
 
         exit_on_sigterm("odin-train")

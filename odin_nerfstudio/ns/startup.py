@@ -14,10 +14,11 @@ odin-splat (``ns-train odin-splat...``, or any ns-* command whose ``--load-confi
 - the commands that compute no metric (``ns-export``, ``ns-viewer``, ``ns-render``) skip LPIPS, and with it the
   warning that its AlexNet weights are missing.
 
-Other methods' commands are left as nerfstudio runs them, but for two steps every ns-* command takes:
-:func:`reflow_help_texts` (``--help`` reflows the options' descriptions instead of cutting them where the source
-wraps) and :func:`skip_catalogue_stack_walk` (2.7 s less start-up on this project's CPU machine: BENCHMARKS.md,
-bench_startup).
+Other methods' commands are left as nerfstudio runs them, but for :func:`reflow_help_texts` (every ns-* command's
+``--help`` reflows its options' descriptions instead of cutting them where the source wraps) and
+:func:`skip_catalogue_stack_walk`, which ``method_configs/odin_splat.py`` takes in every process that builds
+nerfstudio's method catalogue (the plugins load first): 2.7 s less start-up on this project's CPU machine
+(BENCHMARKS.md, bench_startup).
 """
 
 from __future__ import annotations
@@ -161,7 +162,6 @@ def prepare_command(argv: Sequence[str] | None = None) -> None:
     if _prepared or not command.startswith("ns-"):
         return
     reflow_help_texts()
-    skip_catalogue_stack_walk()
     if not runs_odin(command, argv[1:]):
         return
     _prepared.append(command)

@@ -16,7 +16,6 @@ import torch
 from odin_nerfstudio.ns import command_line
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
 from odin_nerfstudio.ns.sharded_training import find_sharded_checkpoint, scheduled_rates
-from odin_nerfstudio.ns.startup import skip_catalogue_stack_walk
 from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns import processes
 from tests.ns.processes import Started, finish
@@ -61,7 +60,6 @@ def psnr_here(output: Path, name: str) -> float:
     """ns-eval's held-out PSNR of run ``name``'s latest checkpoint, by ns-eval's own code in this process with one
     intra-op thread: for the references a test compares with, without a command's start-up (about 11 s of CPU on
     2 cores) each."""
-    skip_catalogue_stack_walk()  # as ns-eval does: eval builds nerfstudio's method catalogue
     from nerfstudio.scripts.eval import ComputePSNR
 
     path, threads = output / f"{name}-here.json", torch.get_num_threads()

@@ -199,6 +199,23 @@ def test_the_external_methods_catalogue_is_built_without_walking_the_stack(monke
     assert stopped.value.code == 0 and walks and offered == ["asked"] * bool(method.pip_package)
 
 
+def test_loading_the_plugin_takes_the_step_before_nerfstudio_builds_its_catalogue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+    import inspect
+
+    from nerfstudio.configs import external_methods
+
+    from odin_nerfstudio.method_configs import odin_splat
+
+    placeholder = external_methods.ExternalMethodDummyTrainerConfig
+    nerfstudios = inspect.unwrap(placeholder.__post_init__)
+    monkeypatch.setattr(placeholder, "__post_init__", nerfstudios)
+    importlib.reload(odin_splat)  # as nerfstudio's discover_methods loads it, before get_external_methods
+    assert getattr(placeholder.__post_init__, "odin_quick", False) and placeholder.__post_init__ is not nerfstudios
+
+
 HELP_CHECK = """
 import dataclasses, sys
 from odin_nerfstudio.ns.startup import reflow_help_texts
