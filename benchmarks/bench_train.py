@@ -15,7 +15,9 @@ synchronization); the ``-locality`` ones train the locality order in place of th
 their ratios against ``sharded-barrier-locality``; the ``-halves`` ones the halves order, against
 ``sharded-barrier-halves``. The ``-candidates`` ones, replicated and sharded, train the
 locality order compiled from an RLG of the views' candidate sets on the initial model
-(``--pipeline.datamanager.rlg-points candidates``), their ratios against the barrier of the same kind and RLG.
+(``--pipeline.datamanager.rlg-points candidates``), their ratios against the barrier of the same kind and RLG. The
+``-rebalanced`` ones re-balance the schedule every epoch by the views' measured costs
+(``--pipeline.datamanager.rebalance-every 1``), their ratios against ``barrier-rebalanced``.
 
 Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
 procedural Gaussians of which ``--points`` are offered as SfM points), and a dense scene (``--dense``: odin-synth's
@@ -63,7 +65,7 @@ from _report import BENCHMARKS, machine, publish
 
 from odin_nerfstudio.comm.link import link_preset
 from odin_nerfstudio.core.timeline_cli import draw
-from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run
+from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run, step_balance
 from odin_nerfstudio.ns.command_line import train_command
 
 NAME = "bench_train"
@@ -78,6 +80,11 @@ serves both workers)."""
 CANDIDATE_RLG = ("--pipeline.datamanager.rlg-points", "candidates")
 """The RLG from the views' candidate sets on the initial model, the rows over which a task of the next step waits,
 not the SfM points in view (fewer steps unsure of the step before)."""
+ASKED_FOR = ("-candidates", "-rebalanced")
+"""Suffixes of the replicated variants that run only when asked for by name."""
+REBALANCED = ("--pipeline.datamanager.rebalance-every", "1")
+"""The schedule re-balanced every epoch by the views' measured render + backward seconds (Grendel balances by measured
+time), so that a barrier's ranks finish their steps together."""
 VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
@@ -86,6 +93,8 @@ VARIANTS = {
     "quality-random": ("--runtime.mode", "quality", "--pipeline.datamanager.schedule-order", "random"),
     "throughput": ("--runtime.mode", "throughput"),
     "hogwild": ("--runtime.mode", "hogwild"),
+    "barrier-rebalanced": ("--runtime.mode", "barrier", *REBALANCED),
+    "quality-rebalanced": ("--runtime.mode", "quality", *REBALANCED),
     "barrier-candidates": ("--runtime.mode", "barrier", *CANDIDATE_RLG),
     "quality-candidates": ("--runtime.mode", "quality", *CANDIDATE_RLG),
     "sharded-barrier": ("--sharded", "True", "--runtime.mode", "barrier"),
@@ -100,16 +109,16 @@ VARIANTS = {
     "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY, *CANDIDATE_RLG),
 }
 """Each variant's flags: Odin's modes and the paper's controls, replicated and sharded (mixed parallel)."""
-REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-") and not name.endswith("-candidates")]
-"""The variants run by default (the sharded ones and the candidate-set RLG's are asked for by name, and published
-in their own sections)."""
+REPLICATED = [name for name in VARIANTS if not name.startswith("sharded-") and not name.endswith(ASKED_FOR)]
+"""The variants run by default (the sharded ones, the candidate-set RLG's and the re-balanced ones are asked for by
+name, and published in their own sections)."""
 
 
 def reference(mode: str) -> str:
     """The variant a mode's ratios are taken against: the barrier of its own kind (Grendel's synchronization for
     the sharded modes) and schedule order."""
     barrier = "sharded-barrier" if mode.startswith("sharded-") else "barrier"
-    for order in ("-locality", "-halves", "-candidates"):
+    for order in ("-locality", "-halves", "-candidates", "-rebalanced"):
         if mode.endswith(order):
             return barrier + order
     return barrier
@@ -127,6 +136,7 @@ class ModeRun:
     wall_s: float
     psnr: float
     round: int = 0
+    balance: float = float("nan")
 
 
 def median(values: list[float]) -> float:
@@ -275,7 +285,7 @@ def train_mode(
         draw(metrics, events, args.timeline_dir / f"bench_train_{name}.png")
     counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in range(args.workers)]
     psnr = json.loads(eval_json.read_text())["results"]["psnr"]
-    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr, round_)
+    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr, round_, step_balance(events))
 
 
 def evaluate(config: Path, output: Path) -> None:
@@ -368,6 +378,7 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ("**at equal compute**: share of own wait-free bound relative to barrier's, same round", f"**{equal}**"),
         ("wait-free bound (views / largest rank compute), median run", f"{metrics.wait_free_views_per_s:.2f} views/s"),
         ("**share of the wait-free bound**, median (each round)", f"**{bound}**"),
+        ("measured step balance (max / mean rank render + backward per step), median run", f"{run.balance:.3f}"),
         ("idle share per rank (outside compute), median run", per_rank([r.idle_share for r in ranks])),
         ("exposed wait share per rank, median run", per_rank([r.exposed_wait_share for r in ranks])),
         ("exposed wait per view, median (each round)", exposed),
@@ -467,9 +478,9 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
             "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality`, "
-            "`-halves` and `-candidates` ones against the barrier of the same suffix). At equal compute: each run's "
-            "share of its own wait-free bound over the barrier's, which factors out how fast the machine computed in "
-            "each run."
+            "`-halves`, `-candidates` and `-rebalanced` ones against the barrier of the same suffix). At equal "
+            "compute: each run's share of its own wait-free bound over the barrier's, which factors out how fast the "
+            "machine computed in each run."
         ),
     ]
     for scene in dict.fromkeys(run.scene for run in runs):

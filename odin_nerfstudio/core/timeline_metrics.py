@@ -29,6 +29,9 @@ Definitions (per rank r; a rank's W virtual workers, when one process holds seve
   stale and re-run after validation counts twice (at most the stale reads not kept).
 - fallback rate: re-runs per task.
 - stale reads: admitted, kept (reached the model), and their staleness (steps), max and mean.
+- step balance (:func:`step_balance`, over the ranks): per step that every rank rendered in, max_r / mean_r of r's
+  render + backward time in it (re-runs included), averaged over those steps; how much longer a barrier step's
+  slowest rank computes than the average one (1.0: even), as the schedule's balance says it by predicted costs.
 
 Events must come in recording order (each is recorded when it ends); compute spans of one process do not overlap
 (one thread renders). :class:`TimelineMeter` consumes events incrementally (O(log n) each), so a trainer can log
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,6 +376,23 @@ def load_run(path: Path) -> tuple[RunMetrics, list[list[Event]]]:
         ranks.append(rank_metrics(files.rank, rank_events, counters))
         events.append(rank_events)
     return RunMetrics(tuple(ranks)), events
+
+
+def step_balance(events: Sequence[Sequence[Event]]) -> float:
+    """The measured step balance (see the module) of every rank's ``events``; nan where no step has every rank's."""
+    per_rank = []
+    for rank_events in events:
+        compute: dict[int, int] = defaultdict(int)
+        for event in rank_events:
+            if event.name in ("render", "backward"):
+                compute[event.step] += event.end_ns - event.start_ns
+        per_rank.append(compute)
+    shared = set.intersection(*(set(compute) for compute in per_rank)) if per_rank else set()
+    ratios = []
+    for step in shared:
+        times = [compute[step] for compute in per_rank]
+        ratios.append(max(times) * len(times) / sum(times))
+    return sum(ratios) / len(ratios) if ratios else float("nan")
 
 
 def live_scalars(metrics: RankMetrics) -> dict[str, float]:

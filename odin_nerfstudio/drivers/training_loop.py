@@ -74,6 +74,10 @@ class TrainingLoop:
             self._built[step] = self.step_tasks(step)
         return self._built[step]
 
+    def forget_from(self, step: int) -> None:
+        """Drop the tasks built for ``step`` and later: the schedule changed from there (a re-balance)."""
+        self._built = {s: built for s, built in self._built.items() if s < step}
+
     def local(self, step: int) -> list[list[Task]]:
         """This process's workers' tasks of ``step``, their worker ids the runtime's local ones."""
         tasks, _ = self._tasks(step)

@@ -9,7 +9,8 @@ Why each part:
   warning naming each one skipped and why.
 - gsplat's strategy state (``grad2d``, ``count``, ``radii``: the statistics a refinement reads) lives outside the
   model's state dict; without it a refinement after resume sees only post-resume statistics. It is saved under
-  :data:`STRATEGY_KEY` and restored into the runtime's strategy state after the runtime is built.
+  :data:`STRATEGY_KEY` and restored into the runtime's strategy state after the runtime is built. Likewise the
+  schedule's last re-balance by measured costs (``rebalancing.REBALANCE_KEY``), so a resumed run trains its epochs.
 - nerfstudio calls ``torch.load(path, map_location="cpu")`` for resume, ns-eval, ns-viewer and ns-export. Since
   torch 2.6 that loads with ``weights_only=True``, which rejects the numpy scalars nerfstudio's LR schedulers store
   (``_last_lr`` is computed with numpy). Allowlisting exactly the numpy scalar and dtype types keeps the
@@ -26,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 from nerfstudio.utils.rich_utils import CONSOLE
+
+from odin_nerfstudio.ns.rebalancing import REBALANCE_KEY, restore_rebalance, saved_rebalance
 
 STRATEGY_KEY = "odin_strategy_state"
 """The checkpoint entry holding gsplat's strategy state (per-row tensors, scene scale)."""
@@ -130,7 +133,8 @@ def newest_intact_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]]:
 
 
 def trainer_state(trainer: Any, step: int) -> dict[str, Any]:
-    """What nerfstudio saves for ``trainer`` at ``step``, plus the runtime's strategy state."""
+    """What nerfstudio saves for ``trainer`` at ``step``, plus the runtime's strategy state and the schedule's last
+    re-balance."""
     pipeline = trainer.pipeline.module if hasattr(trainer.pipeline, "module") else trainer.pipeline
     runtime = getattr(trainer, "runtime", None)
     strategy = None if runtime is None or runtime.strategy_state is None else dict(runtime.strategy_state)
@@ -141,6 +145,7 @@ def trainer_state(trainer: Any, step: int) -> dict[str, Any]:
         "schedulers": {name: sched.state_dict() for name, sched in trainer.optimizers.schedulers.items()},
         "scalers": trainer.grad_scaler.state_dict(),
         STRATEGY_KEY: strategy,
+        REBALANCE_KEY: saved_rebalance(pipeline.datamanager),
     }
 
 
@@ -179,6 +184,7 @@ def load_trainer_checkpoint(trainer: Any) -> dict[str, Any] | None:
         trainer.optimizers.load_schedulers(state["schedulers"])
     trainer.grad_scaler.load_state_dict(state["scalers"])
     CONSOLE.print(f"Done loading Nerfstudio checkpoint from {path}")
+    restore_rebalance(trainer.pipeline.datamanager, state.get(REBALANCE_KEY))
     saved = state.get(STRATEGY_KEY)
     if saved is None:
         CONSOLE.print(

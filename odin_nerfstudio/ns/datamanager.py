@@ -93,6 +93,11 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     from the runtime's K (``--runtime.ring-slots``), so the schedule and the staging ring agree."""
     overlap_threshold: float = 0.1
     """Largest conflict mass per view of a step with an earlier step for the two to overlap."""
+    rebalance_every: int = 0
+    """Every N epochs, cut the later epochs' steps by the views' measured render + backward seconds (the ranks' own
+    measurements, added up at the epoch's first step; Grendel balances by measured time), so that a barrier step's
+    workers finish together; 0: by predicted costs throughout. Each run then trains its own schedule, so two runs
+    (quality-first and the barrier) are equal bit for bit only without it. The rlg and random orders only."""
     rlg_points: RlgPointSets = "in-view"
     """Which points stand for a view in the RLG: in-view, the SfM points it observes plus every point in its field
     of view (what the rasterizer draws, so what conflicts); observed, its track observations alone (the paper's RLG,
@@ -115,11 +120,18 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
                 f"num_workers = {workers} is not a multiple of the world size {world_size}: every rank must run "
                 "the same number of the schedule's workers; leave num_workers unset to use the world size"
             )
+        order = resolved_order(self.schedule_order, self.sharded, workers)
+        if self.rebalance_every and order in REGIONAL:
+            raise ValueError(
+                f"--pipeline.datamanager.rebalance-every {self.rebalance_every}: re-balancing runs in the rlg and "
+                f"random orders (the {order} order places views by region, not by cost); pass "
+                "--pipeline.datamanager.schedule-order rlg, or leave rebalance-every at 0"
+            )
         return ScheduleConfig(
             num_workers=workers,
             views_per_worker=self.views_per_step,
             seed=self.schedule_seed,
-            order=resolved_order(self.schedule_order, self.sharded, workers),
+            order=order,
             ring_size=self.ring_size,
             overlap_threshold=self.overlap_threshold,
         )
@@ -146,6 +158,10 @@ class OdinDatamanager(FullImageDatamanager):
         self.world_size = world_size = _world_size(world_size)
         self.view_pixels = (self.train_dataset.cameras.width * self.train_dataset.cameras.height).view(-1).numpy()
         self.schedule = self._compile_schedule()
+        self.predicted_schedule = self.schedule
+        """The schedule by predicted costs; ``schedule`` is it re-balanced by measured ones from ``rebalanced``'s
+        epoch on, once :meth:`rebalance` has run."""
+        self.rebalanced: Optional[Tuple[int, np.ndarray]] = None
         self.workers = range(self.rank, self.schedule.config.num_workers, world_size)
         self._epoch_starts = [0]
         self._epoch_tasks: Dict[int, Tuple[Tuple[int, int], ...]] = {}
@@ -164,6 +180,14 @@ class OdinDatamanager(FullImageDatamanager):
             raise ValueError(f"iteration must be >= 0, got {iteration}")
         epoch, position = self._locate(iteration)
         return self._rank_tasks(epoch)[position]
+
+    def rebalance(self, epoch: int, view_cost: np.ndarray) -> None:
+        """Train the epochs from ``epoch`` on by ``view_cost`` [V] (measured seconds per view; every rank passes the
+        same); the epochs before it must all have been read (their tasks are not kept)."""
+        self.schedule = self.predicted_schedule.with_view_cost(view_cost)
+        self.rebalanced = (int(epoch), self.schedule.view_cost)
+        del self._epoch_starts[epoch + 1 :]
+        self._epoch_tasks = {}
 
     def get_training_callbacks(
         self, training_callback_attributes: TrainingCallbackAttributes

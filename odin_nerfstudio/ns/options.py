@@ -45,6 +45,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pipeline.datamanager.ring_size": _integer_at_least(1),
     "pipeline.datamanager.schedule_seed": _integer_at_least(0),
     "pipeline.datamanager.overlap_threshold": _number(lambda v: v >= 0, "a number >= 0"),
+    "pipeline.datamanager.rebalance_every": _integer_at_least(0),
 }
 """Each checked option (its path in the trainer config) with its test and the allowed range in words (the runtime
 itself refuses ring slots < 1 and unknown modes while the command line is parsed)."""
@@ -92,6 +93,11 @@ def _sharded_problems(config: Any) -> list[str]:
         problems.append(
             f"{flag('runtime.mode')} {config.runtime.mode!r} with --sharded True: the sharded mode runs "
             f"{', '.join(SHARDED_MODES)}"
+        )
+    if config.pipeline.datamanager.rebalance_every:
+        problems.append(
+            f"{flag('pipeline.datamanager.rebalance_every')} {config.pipeline.datamanager.rebalance_every!r} with "
+            "--sharded True: re-balancing by measured costs runs in the replicated mode; leave it at 0"
         )
     return problems
 

@@ -63,6 +63,7 @@ from odin_nerfstudio.ns.event_writers import close_writers_since, writers_mark
 from odin_nerfstudio.ns.options import check_options, warn_if_step_exceeds_views
 from odin_nerfstudio.ns.memory_cap import check_memory_cap
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
+from odin_nerfstudio.ns.rebalancing import REBALANCE_FILENAME, MeasuredBalance
 from odin_nerfstudio.ns.sharded_training import ShardedTraining, find_sharded_checkpoint
 from odin_nerfstudio.ns.splat_runtime import (
     GAUSSIAN_PARAMS,
@@ -199,6 +200,8 @@ class OdinTrainer(Trainer):
         self._renderer = SplatTaskRenderer(model, images)
         self._cameras: dict = {}
         self._meter = TimelineMeter(self.pipeline.datamanager.rank)
+        record = self.base_dir / self._per_rank(REBALANCE_FILENAME)
+        self.measured_balance = MeasuredBalance(datamanager, record, model.device)
         if self.config.sharded:
             self.shards = ShardedTraining(self, self._renderer)
             self._check_memory_cap("before training")
@@ -332,6 +335,11 @@ class OdinTrainer(Trainer):
                 settle(self.runtime)
                 self.runtime.remap(structural_change(model, self.runtime, step - 1))
                 self._check_memory_cap(f"after the densification of step {step - 1}")
+            if self.measured_balance.due(step):
+                settle(self.runtime)
+                timeline = self.runtime.timeline
+                self.measured_balance.rebalance(step, timeline.events, timeline.recorded, self.distributed_transports)
+                self.loop.forget_from(step)
             self.loop.iteration(step, self._may_run_ahead(step))
             if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):
                 self._check_replicas(step)
@@ -354,14 +362,14 @@ class OdinTrainer(Trainer):
 
     def _may_run_ahead(self, step: int) -> bool:
         """Whether nothing after step ``step`` needs its synchronous state (a structural change, an evaluation, a
-        checkpoint, a replica check), so its workers may run step + 1's tasks (``--run-ahead``; the training loop
-        also checks the last step and the overlap windows)."""
+        checkpoint, a replica check, a re-balance of the schedule), so its workers may run step + 1's tasks
+        (``--run-ahead``; the training loop also checks the last step and the overlap windows)."""
         config = self.config
         settles = [config.steps_per_save, config.steps_per_eval_batch, config.steps_per_eval_image]
         settles.append(config.steps_per_eval_all_images)
         if self.world_size > 1:
             settles.append(config.replica_check_every)
-        if any(interval > 0 and step % interval == 0 for interval in settles):
+        if any(interval > 0 and step % interval == 0 for interval in settles) or self.measured_balance.due(step + 1):
             return False
         return not structural_change_due(self.pipeline.model.strategy, step)
 

@@ -116,36 +116,56 @@ def checked_view_cost(view_cost: np.ndarray, shape: tuple[int, ...]) -> np.ndarr
     return cost
 
 
-def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.ndarray) -> np.ndarray:
-    """Per-view cost [V] from measured task times, for the next epoch's schedule (``Schedule.with_view_cost``).
+class ViewTimes:
+    """Render + backward seconds measured per view, summed, and the number of measurements: what a run's ranks add
+    up (element-wise) before re-balancing by them, each having measured only its own tasks."""
 
-    A view's cost is the mean of its measured times (a re-run counts as another measurement of its view); a view
-    without any keeps its predicted cost scaled by the median measured / predicted ratio of the measured views,
-    so both kinds are in seconds.
+    def __init__(self, num_views: int) -> None:
+        self.seconds = np.zeros(num_views)
+        self.count = np.zeros(num_views)
+
+    def add(self, views: np.ndarray, seconds: np.ndarray, count: bool = True) -> None:
+        """Add ``seconds[i]`` to view ``views[i]``, each a measurement of its own (a re-run is another one) or, not
+        ``count``, more of one already counted (a task's backward after its render)."""
+        views, seconds = np.asarray(views, dtype=np.int64), np.asarray(seconds, dtype=np.float64)
+        size = self.seconds.size
+        if views.shape != seconds.shape or (views.size and (views.min() < 0 or views.max() >= size)):
+            raise ValueError(
+                f"measured costs need one view index in [0, {size}) per time; got {views.shape} views for "
+                f"{seconds.shape} times (views in {views.min(initial=0)}..{views.max(initial=0)})"
+            )
+        if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
+            raise ValueError("measured task times must be finite and >= 0 seconds")
+        self.seconds += np.bincount(views, weights=seconds, minlength=size)
+        if count:
+            self.count += np.bincount(views, minlength=size)
+
+    def view_cost(self, predicted: np.ndarray) -> np.ndarray:
+        """Per-view cost [V] for a schedule (``Schedule.with_view_cost``): the mean of a view's measured times; a
+        view without any keeps its ``predicted`` cost scaled by the median measured / predicted ratio of the
+        measured views, so both kinds are in seconds."""
+        predicted = np.asarray(predicted, dtype=np.float64)
+        measured = self.count > 0
+        cost = np.zeros(predicted.size)
+        cost[measured] = self.seconds[measured] / self.count[measured]
+        usable = measured & (predicted > 0)
+        scale = float(np.median(cost[usable] / predicted[usable])) if usable.any() else 1.0
+        cost[~measured] = scale * predicted[~measured]
+        return cost
+
+
+def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """Per-view cost [V] from measured task times, for the next epoch's schedule (``Schedule.with_view_cost``), as
+    :meth:`ViewTimes.view_cost` gives it.
 
     Args:
         views: the view of every measured task [N] (the timeline's render spans carry it as ``view``).
         seconds: render + backward seconds of every measured task [N].
         predicted: the schedule's predicted per-view cost [V] (``Schedule.view_cost``).
     """
-    views, seconds = np.asarray(views, dtype=np.int64), np.asarray(seconds, dtype=np.float64)
-    predicted = np.asarray(predicted, dtype=np.float64)
-    if views.shape != seconds.shape or (views.size and (views.min() < 0 or views.max() >= predicted.size)):
-        raise ValueError(
-            f"measured costs need one view index in [0, {predicted.size}) per time; got {views.shape} views for "
-            f"{seconds.shape} times (views in {views.min(initial=0)}..{views.max(initial=0)})"
-        )
-    if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
-        raise ValueError("measured task times must be finite and >= 0 seconds")
-    count = np.bincount(views, minlength=predicted.size)
-    total = np.bincount(views, weights=seconds, minlength=predicted.size)
-    measured = count > 0
-    cost = np.zeros(predicted.size)
-    cost[measured] = total[measured] / count[measured]
-    usable = measured & (predicted > 0)
-    scale = float(np.median(cost[usable] / predicted[usable])) if usable.any() else 1.0
-    cost[~measured] = scale * predicted[~measured]
-    return cost
+    times = ViewTimes(np.asarray(predicted).size)
+    times.add(views, seconds)
+    return times.view_cost(predicted)
 
 
 def predicted_view_cost(

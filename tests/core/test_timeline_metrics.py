@@ -20,6 +20,7 @@ from odin_nerfstudio.core.timeline_metrics import (
     live_scalars,
     load_run,
     rank_metrics,
+    step_balance,
 )
 
 MS = 1_000_000
@@ -209,3 +210,11 @@ def test_odin_timeline_draws_a_png_of_every_rank(tmp_path: Path, capsys: pytest.
     assert "4 views" in printed and "rank 0: idle 33%, exposed wait 33%" in printed and "rank 1" in printed
     main([str(tmp_path / "odin_timeline_rank0.json"), "--output", str(tmp_path / "zoom.png"), "--end", "0.03"])
     assert (tmp_path / "zoom.png").stat().st_size > 0
+
+
+def test_step_balance_is_the_slowest_ranks_compute_over_the_mean_in_steps_every_rank_rendered() -> None:
+    """Step 0: 30 ms against 10 ms (1.5); step 1: even (1.0, a re-run adds to its rank's time); step 2: one rank."""
+    rank0 = [*task(0, 20, 10, step=0, view=0), *task(40, 5, 5, step=1, view=2), *task(60, 5, 5, step=2, view=4)]
+    rank1 = [*task(0, 5, 5, step=0, view=1), *task(20, 4, 1, step=1, view=3), *task(30, 4, 1, step=1, view=3)]
+    assert step_balance([rank0, rank1]) == pytest.approx((1.5 + 1.0) / 2)
+    assert step_balance([rank0]) == 1.0

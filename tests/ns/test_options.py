@@ -47,6 +47,7 @@ def method_config(path: str, value: object):
         ("replica_check_every", -5, "--replica-check-every -5"),
         ("pipeline.datamanager.num_workers", 0, "--pipeline.datamanager.num-workers 0"),
         ("pipeline.datamanager.views_per_step", 0, "--pipeline.datamanager.views-per-step 0"),
+        ("pipeline.datamanager.rebalance_every", -1, "--pipeline.datamanager.rebalance-every -1"),
     ],
 )
 def test_out_of_range_option_is_refused_naming_the_flag(path: str, value: object, flag: str) -> None:
@@ -89,3 +90,18 @@ def test_sharded_refuses_the_modes_it_does_not_run_and_takes_the_link() -> None:
     config.runtime.mode = "ddp"
     with pytest.raises(OptionError, match=r"--runtime.mode 'ddp' with --sharded True"):
         check_options(config)
+
+
+def test_rebalancing_is_refused_where_it_does_not_run() -> None:
+    """Re-balancing by measured costs: the replicated mode's, in the orders that place views by cost."""
+    config = method_config("pipeline.datamanager.rebalance_every", 2)
+    check_options(config)
+    config.sharded = True
+    with pytest.raises(OptionError, match=r"--pipeline.datamanager.rebalance-every 2 with --sharded True"):
+        check_options(config)
+    datamanager = method_config("pipeline.datamanager.rebalance_every", 1).pipeline.datamanager
+    datamanager.schedule_order = "regions"
+    with pytest.raises(ValueError, match=r"rebalance-every 1: .*the regions order places views by region"):
+        datamanager.schedule_config(world_size=2)
+    datamanager.schedule_order = "rlg"
+    assert datamanager.schedule_config(world_size=2).order == "rlg"

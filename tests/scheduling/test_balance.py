@@ -15,6 +15,7 @@ from odin_nerfstudio.scheduling.balance import (
     FLOOR_SPREAD,
     MIN_BAND_GROUPS,
     TAIL_SHARE,
+    ViewTimes,
     cost_bands,
     measured_view_cost,
 )
@@ -159,6 +160,22 @@ def test_measured_view_cost_means_and_fills_unmeasured_views() -> None:
         measured_view_cost(np.array([4]), np.array([1.0]), predicted)
     with pytest.raises(ValueError, match=">= 0"):
         measured_view_cost(np.array([1]), np.array([-1.0]), predicted)
+
+
+def test_view_times_add_up_a_tasks_spans_and_every_ranks_measurements() -> None:
+    """A task's backward adds to its render's measurement without counting another; two ranks' sums add up to the
+    costs of every task."""
+    predicted = np.array([10.0, 20.0, 30.0])
+    rank0, rank1 = ViewTimes(3), ViewTimes(3)
+    rank0.add(np.array([0, 0]), np.array([1.0, 3.0]))
+    rank0.add(np.array([0, 0]), np.array([1.0, 1.0]), count=False)
+    rank1.add(np.array([1]), np.array([4.0]))
+    both = ViewTimes(3)
+    both.seconds, both.count = rank0.seconds + rank1.seconds, rank0.count + rank1.count
+    np.testing.assert_allclose(both.view_cost(predicted), [3.0, 4.0, 0.25 * 30.0])
+    np.testing.assert_allclose(rank0.view_cost(predicted), [3.0, 0.3 * 20.0, 0.3 * 30.0])
+    with pytest.raises(ValueError, match="one view index"):
+        rank0.add(np.array([3]), np.array([1.0]))
 
 
 def test_with_view_cost_rebalances_and_round_trips() -> None:

@@ -1,0 +1,131 @@
+"""Re-balancing by measured costs: the schedule's later epochs cut by the views' measured render + backward seconds.
+
+The schedule is compiled before training from predicted costs (SfM points and pixels per view), which miss what a
+view really costs; a barrier step then waits for its slowest worker. Grendel balances by measured time; so does
+odin-splat with ``--pipeline.datamanager.rebalance-every N``: at the first step of every Nth epoch every rank
+settles its runtime (every started step published, so no task of the new epoch has read yet), adds the render +
+backward seconds its tasks measured since the last re-balance to every other rank's (one all-reduce), and the
+datamanager trains the epochs from there on by those costs (``OdinDatamanager.rebalance``): the same schedule on
+every rank, since every rank holds the same sums. The step before it runs nothing ahead. The costs go into every
+checkpoint (:data:`REBALANCE_KEY`), so a resumed run trains the schedule the run it resumes would have.
+
+Each re-balance is written to ``odin_rebalance.json`` (``odin_rebalance_rank<r>.json`` per rank): its epoch, the
+tasks measured, a digest of the costs (equal on every rank), how many of the epoch's steps changed, and the epoch's
+balance (max / mean worker cost per full step, by the measured costs) as the predicted schedule would have cut it and
+as the re-balanced one does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
+from odin_nerfstudio.core.timeline import Event
+from odin_nerfstudio.scheduling.balance import ViewTimes
+
+REBALANCE_FILENAME = "odin_rebalance.json"
+"""Each re-balance's record, in the run folder (per rank in a distributed run)."""
+REBALANCE_KEY = "odin_rebalance"
+"""The checkpoint entry holding the last re-balance: ``{"epoch": e, "view_cost": [V] float64}`` (None: none yet)."""
+
+
+class MeasuredBalance:
+    """One process's side of re-balancing: the render + backward seconds its tasks measured since the last
+    re-balance, taken from the runtime's timeline, and the re-balance itself (see the module).
+
+    Args:
+        datamanager: the run's ``OdinDatamanager`` (its schedule and ``rebalance``).
+        record: the JSON file each re-balance is appended to.
+        device: where the all-reduce's tensor lives (the model's device: NCCL reduces CUDA tensors).
+    """
+
+    def __init__(self, datamanager: Any, record: Path, device: torch.device) -> None:
+        self.datamanager = datamanager
+        self.every = int(datamanager.config.rebalance_every)
+        self.record = record
+        self.device = device
+        self.times = ViewTimes(datamanager.schedule.num_views)
+        self.consumed = 0
+        self.history: list[dict[str, Any]] = []
+
+    def due(self, step: int) -> bool:
+        """Whether the schedule is re-balanced before step ``step`` reads (the first step of every Nth epoch)."""
+        epochs, within = divmod(step, self.datamanager.schedule.steps_per_epoch)
+        return self.every > 0 and step > 0 and within == 0 and epochs % self.every == 0
+
+    def consume(self, events: Sequence[Event], recorded: int) -> None:
+        """Add the render and backward spans of ``events`` not yet consumed (a timeline's window, ``recorded``
+        events in all; spans dropped from the window before they were consumed are not measured)."""
+        new = min(recorded - self.consumed, len(events))
+        self.consumed = recorded
+        window = list(events)[len(events) - new :]
+        for name, count in (("render", True), ("backward", False)):  # a task's cost: its render plus its backward
+            spans = [event for event in window if event.name == name]
+            views = np.array([int(event.args["view"]) for event in spans], dtype=np.int64)
+            self.times.add(views, np.array([(event.end_ns - event.start_ns) / 1e9 for event in spans]), count)
+
+    def rebalance(
+        self, step: int, events: Sequence[Event], recorded: int, transports: Iterable[DistributedTransport] = ()
+    ) -> None:
+        """Re-balance the epochs from ``step``'s on by every rank's measurements (a collective in a distributed run:
+        every rank calls it at the same step, once its runtime is settled)."""
+        require_no_exchange_in_flight(f"the re-balance before step {step}", transports)
+        self.consume(events, recorded)
+        sums = torch.from_numpy(np.stack([self.times.seconds, self.times.count])).to(self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(sums)
+        totals = ViewTimes(self.times.seconds.size)
+        totals.seconds, totals.count = sums.cpu().numpy()  # row 0 the seconds, row 1 the counts
+        datamanager = self.datamanager
+        epoch = step // datamanager.schedule.steps_per_epoch
+        cost = totals.view_cost(datamanager.predicted_schedule.view_cost)
+        predicted = datamanager.predicted_schedule.epoch(epoch).steps
+        datamanager.rebalance(epoch, cost)
+        steps = datamanager.schedule.epoch(epoch).steps
+        self.history.append(
+            {
+                "step": step,
+                "epoch": epoch,
+                "tasks_measured": int(totals.count.sum()),
+                "views_measured": int((totals.count > 0).sum()),
+                "views": int(cost.size),
+                "cost_digest": hashlib.sha256(cost.tobytes()).hexdigest()[:16],
+                "steps_changed": sum(old.tasks != new.tasks for old, new in zip(predicted, steps)),
+                "balance_predicted_schedule": mean_balance(predicted, cost),
+                "balance_rebalanced": mean_balance(steps, cost),
+            }
+        )
+        self.record.write_text(json.dumps(self.history, indent=1))
+        self.times = ViewTimes(cost.size)
+
+def saved_rebalance(datamanager: Any) -> dict[str, Any] | None:
+    """The checkpoint's :data:`REBALANCE_KEY` entry: the last re-balance's epoch and costs (None: none yet)."""
+    if datamanager.rebalanced is None:
+        return None
+    epoch, cost = datamanager.rebalanced
+    return {"epoch": epoch, "view_cost": cost.tolist()}
+
+
+def restore_rebalance(datamanager: Any, saved: dict[str, Any] | None) -> None:
+    """Train a resumed run by the checkpoint's re-balanced costs (``saved``: its :data:`REBALANCE_KEY` entry)."""
+    if saved is not None:
+        datamanager.rebalance(int(saved["epoch"]), np.asarray(saved["view_cost"], dtype=np.float64))
+
+
+def mean_balance(steps: Sequence[Any], cost: np.ndarray) -> float:
+    """Max / mean worker cost by ``cost`` [V], averaged over the full steps of ``steps`` (schedule ``Step``s)."""
+    size = max(sum(map(len, step.tasks)) for step in steps)
+    balances = []
+    for step in steps:
+        if sum(map(len, step.tasks)) == size:
+            loads = np.array([cost[list(views)].sum() for views in step.tasks])
+            balances.append(loads.max() / loads.mean() if loads.mean() > 0 else 1.0)
+    return float(np.mean(balances))

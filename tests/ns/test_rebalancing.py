@@ -1,0 +1,63 @@
+"""Re-balancing by measured costs (``--pipeline.datamanager.rebalance-every``) under torchrun: two gloo ranks add up
+what each measured, train the same re-balanced schedule, and a resumed run trains it too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from odin_nerfstudio.ns import command_line
+from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints
+from odin_nerfstudio.ns.rebalancing import REBALANCE_KEY
+from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
+from tests.ns import processes
+from tests.ns.processes import finish
+
+ITERATIONS = 14
+REBALANCE = ["--pipeline.datamanager.rebalance-every", "1", "--pipeline.model.num-downscales", "0"]
+
+
+def odin_train(scene: Path, output: Path, name: str, iterations: int, *extra: str) -> list[str]:
+    """odin-train on two torchrun ranks, re-balancing every epoch, into ``output / name``."""
+    options = [*REBALANCE, *extra]
+    args = command_line.train_args("odin-splat", scene, output, iterations, experiment_name=name, options=options)
+    return [*command_line.launcher(2), *args]
+
+
+def checkpoint(run: Path, step: int) -> dict:
+    allow_nerfstudio_checkpoints()
+    return torch.load(run / "nerfstudio_models" / f"step-{step:09d}.ckpt", map_location="cpu")
+
+
+@pytest.mark.slow
+def test_two_ranks_rebalance_by_every_ranks_measurements_and_a_resumed_run_keeps_the_schedule(tmp_path: Path) -> None:
+    """Each rank measures only its own tasks, so a view measured on every rank's record shows the all-reduce ran;
+    the ranks' costs are equal (digest), the re-balanced epochs differ from the predicted ones, and the checkpoint's
+    costs are the last re-balance's, which a resumed run trains by."""
+    scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
+    finish(processes.start(*odin_train(scene, tmp_path, "first", ITERATIONS), one_thread=True))
+    run = tmp_path / "first" / "odin-splat" / "run"
+    records = [json.loads((run / f"odin_rebalance_rank{rank}.json").read_text()) for rank in range(2)]
+    steps_per_epoch = records[0][0]["step"]
+    views = records[0][0]["views"]
+    assert steps_per_epoch == views // 2, records[0]
+    assert [entry["step"] for entry in records[0]] == list(range(steps_per_epoch, ITERATIONS, steps_per_epoch))
+    for entry, other in zip(*records):
+        assert entry == other, "both ranks re-balance by the same sums (cost digest) at the same step"
+        assert entry["views_measured"] == views, f"a rank measured half the views; the sums hold all: {entry}"
+        assert entry["tasks_measured"] >= views, entry
+    assert sum(entry["steps_changed"] for entry in records[0]) > 0, f"the measured costs changed no step: {records}"
+
+    last = checkpoint(run, ITERATIONS - 1)[REBALANCE_KEY]
+    assert last["epoch"] == records[0][-1]["epoch"] and len(last["view_cost"]) == views
+    finish(
+        processes.start(
+            *odin_train(scene, tmp_path, "resumed", 1, "--load-dir", str(run / "nerfstudio_models")), one_thread=True
+        )
+    )
+    resumed = tmp_path / "resumed" / "odin-splat" / "run"
+    assert checkpoint(resumed, ITERATIONS)[REBALANCE_KEY] == last, "the resumed run trains the re-balanced schedule"
+    assert not (resumed / "odin_rebalance_rank0.json").exists(), "no re-balance in the resumed step"
