@@ -81,12 +81,20 @@ class MeasuredBalance:
         self.consume(events, recorded)
         sums = torch.from_numpy(np.stack([self.times.seconds, self.times.count])).to(self.device)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(sums)
+            try:
+                dist.all_reduce(sums)  # the process group's timeout bounds it (odin-train: ns/launch.py)
+            except RuntimeError as error:
+                raise RuntimeError(
+                    f"rank {dist.get_rank()} did not get every rank's measured costs for the re-balance before step "
+                    f"{step} (an all-reduce: a rank stopped, or took longer than the process group's timeout): {error}"
+                ) from error
         totals = ViewTimes(self.times.seconds.size)
         totals.seconds, totals.count = sums.cpu().numpy()  # row 0 the seconds, row 1 the counts
         datamanager = self.datamanager
         epoch = step // datamanager.schedule.steps_per_epoch
-        cost = totals.view_cost(datamanager.predicted_schedule.view_cost)
+        # A view no task measured since the last re-balance keeps its cost so far (at the measured scale), so a run
+        # resumed right at a re-balance, which has measured nothing yet, keeps the costs it resumed with.
+        cost = totals.view_cost(datamanager.schedule.view_cost)
         predicted = datamanager.predicted_schedule.epoch(epoch).steps
         datamanager.rebalance(epoch, cost)
         steps = datamanager.schedule.epoch(epoch).steps

@@ -140,17 +140,17 @@ class ViewTimes:
         if count:
             self.count += np.bincount(views, minlength=size)
 
-    def view_cost(self, predicted: np.ndarray) -> np.ndarray:
+    def view_cost(self, fallback: np.ndarray) -> np.ndarray:
         """Per-view cost [V] for a schedule (``Schedule.with_view_cost``): the mean of a view's measured times; a
-        view without any keeps its ``predicted`` cost scaled by the median measured / predicted ratio of the
-        measured views, so both kinds are in seconds."""
-        predicted = np.asarray(predicted, dtype=np.float64)
+        view without any keeps its ``fallback`` cost (predicted, or measured earlier) scaled by the median measured /
+        fallback ratio of the measured views, so that all are in the measured views' seconds."""
+        fallback = np.asarray(fallback, dtype=np.float64)
         measured = self.count > 0
-        cost = np.zeros(predicted.size)
+        cost = np.zeros(fallback.size)
         cost[measured] = self.seconds[measured] / self.count[measured]
-        usable = measured & (predicted > 0)
-        scale = float(np.median(cost[usable] / predicted[usable])) if usable.any() else 1.0
-        cost[~measured] = scale * predicted[~measured]
+        usable = measured & (fallback > 0)
+        scale = float(np.median(cost[usable] / fallback[usable])) if usable.any() else 1.0
+        cost[~measured] = scale * fallback[~measured]
         return cost
 
 

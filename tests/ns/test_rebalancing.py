@@ -16,7 +16,8 @@ from odin_nerfstudio.scenes.synth import SynthConfig, make_scene
 from tests.ns import processes
 from tests.ns.processes import finish
 
-ITERATIONS = 14
+ITERATIONS = 15
+"""Three epochs of 5 steps (10 train views, W = 2): re-balances before steps 5 and 10, the next one due at 15."""
 REBALANCE = ["--pipeline.datamanager.rebalance-every", "1", "--pipeline.model.num-downscales", "0"]
 
 
@@ -36,14 +37,13 @@ def checkpoint(run: Path, step: int) -> dict:
 def test_two_ranks_rebalance_by_every_ranks_measurements_and_a_resumed_run_keeps_the_schedule(tmp_path: Path) -> None:
     """Each rank measures only its own tasks, so a view measured on every rank's record shows the all-reduce ran;
     the ranks' costs are equal (digest), the re-balanced epochs differ from the predicted ones, and the checkpoint's
-    costs are the last re-balance's, which a resumed run trains by."""
+    costs are the last re-balance's, which a run resumed from it trains by."""
     scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
     finish(processes.start(*odin_train(scene, tmp_path, "first", ITERATIONS), one_thread=True))
     run = tmp_path / "first" / "odin-splat" / "run"
     records = [json.loads((run / f"odin_rebalance_rank{rank}.json").read_text()) for rank in range(2)]
-    steps_per_epoch = records[0][0]["step"]
-    views = records[0][0]["views"]
-    assert steps_per_epoch == views // 2, records[0]
+    steps_per_epoch, views = records[0][0]["step"], records[0][0]["views"]
+    assert (steps_per_epoch, views) == (5, 10), records[0]
     assert [entry["step"] for entry in records[0]] == list(range(steps_per_epoch, ITERATIONS, steps_per_epoch))
     for entry, other in zip(*records):
         assert entry == other, "both ranks re-balance by the same sums (cost digest) at the same step"
@@ -53,11 +53,11 @@ def test_two_ranks_rebalance_by_every_ranks_measurements_and_a_resumed_run_keeps
 
     last = checkpoint(run, ITERATIONS - 1)[REBALANCE_KEY]
     assert last["epoch"] == records[0][-1]["epoch"] and len(last["view_cost"]) == views
-    finish(
-        processes.start(
-            *odin_train(scene, tmp_path, "resumed", 1, "--load-dir", str(run / "nerfstudio_models")), one_thread=True
-        )
-    )
+    # Resumed right at the next re-balance: nothing measured yet, so every view keeps the costs it resumed with.
+    resume = odin_train(scene, tmp_path, "resumed", 1, "--load-dir", str(run / "nerfstudio_models"))
+    finish(processes.start(*resume, one_thread=True))
     resumed = tmp_path / "resumed" / "odin-splat" / "run"
-    assert checkpoint(resumed, ITERATIONS)[REBALANCE_KEY] == last, "the resumed run trains the re-balanced schedule"
-    assert not (resumed / "odin_rebalance_rank0.json").exists(), "no re-balance in the resumed step"
+    (entry,) = json.loads((resumed / "odin_rebalance_rank0.json").read_text())
+    assert entry["step"] == ITERATIONS and entry["tasks_measured"] == 0, entry
+    assert entry["cost_digest"] == records[0][-1]["cost_digest"], "the resumed run trains the re-balanced schedule"
+    assert checkpoint(resumed, ITERATIONS)[REBALANCE_KEY]["view_cost"] == last["view_cost"]
