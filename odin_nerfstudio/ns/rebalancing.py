@@ -29,7 +29,9 @@ import torch.distributed as dist
 
 from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
 from odin_nerfstudio.core.timeline import Event
-from odin_nerfstudio.scheduling.balance import ViewTimes
+from odin_nerfstudio.drivers.step_loop import settle
+from odin_nerfstudio.runtime.runtime import OdinRuntime
+from odin_nerfstudio.scheduling.balance import ViewTimes, steps_balance
 
 REBALANCE_FILENAME = "odin_rebalance.json"
 """Each re-balance's record, in the run folder (per rank in a distributed run)."""
@@ -72,13 +74,12 @@ class MeasuredBalance:
             views = np.array([int(event.args["view"]) for event in spans], dtype=np.int64)
             self.times.add(views, np.array([(event.end_ns - event.start_ns) / 1e9 for event in spans]), count)
 
-    def rebalance(
-        self, step: int, events: Sequence[Event], recorded: int, transports: Iterable[DistributedTransport] = ()
-    ) -> None:
-        """Re-balance the epochs from ``step``'s on by every rank's measurements (a collective in a distributed run:
-        every rank calls it at the same step, once its runtime is settled)."""
+    def rebalance(self, step: int, runtime: OdinRuntime, transports: Iterable[DistributedTransport] = ()) -> None:
+        """Settle ``runtime``, then re-balance the epochs from ``step``'s on by every rank's measurements (a
+        collective in a distributed run: every rank calls it at the same step)."""
+        settle(runtime)
         require_no_exchange_in_flight(f"the re-balance before step {step}", transports)
-        self.consume(events, recorded)
+        self.consume(runtime.timeline.events, runtime.timeline.recorded)
         sums = torch.from_numpy(np.stack([self.times.seconds, self.times.count])).to(self.device)
         if dist.is_available() and dist.is_initialized():
             try:
@@ -107,12 +108,13 @@ class MeasuredBalance:
                 "views": int(cost.size),
                 "cost_digest": hashlib.sha256(cost.tobytes()).hexdigest()[:16],
                 "steps_changed": sum(old.tasks != new.tasks for old, new in zip(predicted, steps)),
-                "balance_predicted_schedule": mean_balance(predicted, cost),
-                "balance_rebalanced": mean_balance(steps, cost),
+                "balance_predicted_schedule": steps_balance(predicted, cost),
+                "balance_rebalanced": steps_balance(steps, cost),
             }
         )
         self.record.write_text(json.dumps(self.history, indent=1))
         self.times = ViewTimes(cost.size)
+
 
 def saved_rebalance(datamanager: Any) -> dict[str, Any] | None:
     """The checkpoint's :data:`REBALANCE_KEY` entry: the last re-balance's epoch and costs (None: none yet)."""
@@ -126,14 +128,3 @@ def restore_rebalance(datamanager: Any, saved: dict[str, Any] | None) -> None:
     """Train a resumed run by the checkpoint's re-balanced costs (``saved``: its :data:`REBALANCE_KEY` entry)."""
     if saved is not None:
         datamanager.rebalance(int(saved["epoch"]), np.asarray(saved["view_cost"], dtype=np.float64))
-
-
-def mean_balance(steps: Sequence[Any], cost: np.ndarray) -> float:
-    """Max / mean worker cost by ``cost`` [V], averaged over the full steps of ``steps`` (schedule ``Step``s)."""
-    size = max(sum(map(len, step.tasks)) for step in steps)
-    balances = []
-    for step in steps:
-        if sum(map(len, step.tasks)) == size:
-            loads = np.array([cost[list(views)].sum() for views in step.tasks])
-            balances.append(loads.max() / loads.mean() if loads.mean() > 0 else 1.0)
-    return float(np.mean(balances))

@@ -11,6 +11,8 @@ nerfstudio's trainer (viewer, writers, evaluation, checkpoints, resume) and repl
   schedulers step once per publication, so step s is published with step s's rate whenever it publishes;
 - densification, pruning and opacity resets (gsplat's DefaultStrategy as splatfacto configures it) run before step
   s + 1 reads, behind the runtime's barrier, from the statistics the runtime accumulated per task;
+- with `--pipeline.datamanager.rebalance-every N`, the schedule is re-balanced by the ranks' measured costs before
+  the first step of every Nth epoch reads, behind a settle too (`ns/rebalancing.py`);
 - evaluation, checkpoints and the end of training first settle the runtime (every started step published), so they
   see the synchronous state of their step and a resumed run continues from exactly that state.
 
@@ -336,9 +338,7 @@ class OdinTrainer(Trainer):
                 self.runtime.remap(structural_change(model, self.runtime, step - 1))
                 self._check_memory_cap(f"after the densification of step {step - 1}")
             if self.measured_balance.due(step):
-                settle(self.runtime)
-                timeline = self.runtime.timeline
-                self.measured_balance.rebalance(step, timeline.events, timeline.recorded, self.distributed_transports)
+                self.measured_balance.rebalance(step, self.runtime, self.distributed_transports)
                 self.loop.forget_from(step)
             self.loop.iteration(step, self._may_run_ahead(step))
             if self.world_size > 1 and step > 0 and step_check(step, self.config.replica_check_every):

@@ -22,6 +22,9 @@ epoch, as Grendel balances by measured time; the counted SfM points and pixels o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 MIN_BAND_GROUPS = 4
@@ -166,6 +169,18 @@ def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.nda
     times = ViewTimes(np.asarray(predicted).size)
     times.add(views, seconds)
     return times.view_cost(predicted)
+
+
+def steps_balance(steps: Sequence[Any], cost: np.ndarray) -> float:
+    """Max / mean worker cost by ``cost`` [V], averaged over the full steps of ``steps`` (the schedule's ``Step``s,
+    their ``tasks`` a tuple of views per worker): their balance by costs other than those they were cut by."""
+    size = max(sum(map(len, step.tasks)) for step in steps)
+    balances = []
+    for step in steps:
+        if sum(map(len, step.tasks)) == size:
+            loads = np.array([cost[list(views)].sum() for views in step.tasks])
+            balances.append(loads.max() / loads.mean() if loads.mean() > 0 else 1.0)
+    return float(np.mean(balances))
 
 
 def predicted_view_cost(

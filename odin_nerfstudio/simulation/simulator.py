@@ -37,7 +37,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Decision
 from odin_nerfstudio.runtime.runtime import OdinRuntime
-from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order
+from odin_nerfstudio.scheduling.regions import REGIONAL, OrderOption, resolved_order
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.costs import CostModel
@@ -69,6 +69,9 @@ class SimulationConfig:
         sharded: the sharded mode (``drivers/sharded_loop.py``: a rank per worker, run by ``sharded.py``).
         schedule_order: the schedule's order, as ``--pipeline.datamanager.schedule-order`` (auto: the regional
             order when sharded, the locality schedule otherwise).
+        rebalanced: the schedule cut by each view's modeled render + backward time (the cost model's, without the
+            drawn residuals), as ``--pipeline.datamanager.rebalance-every`` trains after its first epoch; the
+            replicated mode in the rlg and random orders only, as there.
     """
 
     runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
@@ -83,6 +86,7 @@ class SimulationConfig:
     record_decisions: bool = False
     sharded: bool = False
     schedule_order: OrderOption = "auto"
+    rebalanced: bool = False
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:
@@ -96,6 +100,9 @@ class SimulationConfig:
                 f"the sharded mode runs {', '.join(SHARDED_MODES)} on a rank per worker, got mode "
                 f"{self.runtime.mode!r} with {self.workers_per_process} workers per process"
             )
+
+        if self.rebalanced and (self.sharded or self.schedule_config().order in REGIONAL):
+            raise ValueError("a re-balanced schedule is the replicated mode's, in the rlg or random order")
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K, seed and order."""
@@ -156,6 +163,9 @@ class Simulation:
         self.workload, self.costs, self.interconnect, self.config = workload, costs, interconnect, config
         self.measured = measured or {}
         self.schedule: Schedule = workload.schedule(config.schedule_config())
+        if config.rebalanced:
+            modeled = [costs.task_s(workload.size(v), int(workload.pixels[v])) for v in range(workload.num_views)]
+            self.schedule = self.schedule.with_view_cost(np.array(modeled))
         self.clock = VirtualClock()
         self._plans = [self.schedule.at(s) for s in range(config.steps)]
         self._cameras = [ViewCamera(int(p)) for p in workload.pixels]

@@ -7,6 +7,7 @@ import pytest
 
 from odin_nerfstudio.drivers.training_loop import LoopConfig
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
+from odin_nerfstudio.scheduling.balance import steps_balance
 from odin_nerfstudio.simulation.costs import CostModel, LinearFit
 from odin_nerfstudio.simulation.interconnect import Interconnect
 from odin_nerfstudio.simulation.simulator import Simulation, SimulationConfig
@@ -58,6 +59,22 @@ def test_barrier_with_free_exchange_is_the_sum_of_the_slowest_worker_per_step() 
     assert result.span_s == pytest.approx(expected, rel=1e-9)
     assert result.views == 3 * 2 * 12
     assert sum(p.exposed_wait_s for p in result.processes) > 0  # the faster workers waited at the barrier
+
+
+def test_a_rebalanced_schedule_evens_the_modeled_costs_and_speeds_the_barrier() -> None:
+    """Sizes that the views' point counts (the predicted costs) do not tell: cut by the modeled costs, every step's
+    workers are evener by them and the barrier waits less."""
+    sizes = np.random.default_rng(1).integers(5, 400, size=24)
+    workload = disjoint_views().with_sizes({view: float(size) for view, size in enumerate(sizes)})
+    modeled = np.array([COSTS.task_s(workload.size(view), int(workload.pixels[view])) for view in range(24)])
+    predicted, predicted_result = run(workload, "barrier")
+    rebalanced, rebalanced_result = run(workload, "barrier", rebalanced=True)
+    for epoch in range(3):
+        plans = [simulation.schedule.epoch(epoch).steps for simulation in (predicted, rebalanced)]
+        assert steps_balance(plans[1], modeled) < steps_balance(plans[0], modeled)
+    assert rebalanced_result.views_per_s > predicted_result.views_per_s
+    with pytest.raises(ValueError, match="re-balanced schedule is the replicated mode's"):
+        SimulationConfig(OdinRuntimeConfig(mode="quality"), 2, sharded=True, rebalanced=True)
 
 
 def test_quality_is_faster_than_barrier_without_conflicts() -> None:
