@@ -225,10 +225,9 @@ NOTES = """
   s after (median); the cut of 500,000 measured-like costs into bands alone 0.076 and 0.078 s.
 - Measured-like costs: the pooled task cost model of the bench_simulate section (render + backward = 138.73 ms +
   150.12 us x |C(t)|), |C(t)| = 10 x the view's observed SfM points, times a per-view factor drawn lognormal
-  (sigma 0.3), the same every epoch; the schedule is given these costs (`Schedule(view_cost=...)`), as a run would
-  give it the previous epoch's measured render + backward per view (`balance.measured_view_cost`,
-  `Schedule.with_view_cost`). The training run does not pass them yet: odin-splat's datamanager compiles one
-  schedule at set-up, from predicted costs."""
+  (sigma 0.3), the same every epoch; the schedule is given these costs (`Schedule(view_cost=...)`), as a run
+  gives it the previous epoch's measured render + backward per view with `--pipeline.datamanager.rebalance-every 1`
+  (`ns/rebalancing.py`, `Schedule.with_view_cost`; what that does in real runs: bench_train_rebalanced)."""
 
 
 def main() -> None:
