@@ -445,8 +445,9 @@ def breakdown_notes(replays: list[Replay]) -> list[str]:
         "barrier) travel better than the views/s.",
         "- bench_train's panning street, lengthened, is no city: its cameras have no far plane, so the views that "
         "look down the street read up to the whole model, and the schedule, which balances workers by SfM points "
-        "within 12 m, cannot see it: one such view per step sets the step's time (idle near 95% at 64 workers) and "
-        "conflicts with everything, so no mode gains. The scan rig and the city are the regime Odin is for; the "
+        "within 12 m, cannot see it: one such view per step sets the step's time and conflicts with everything, so "
+        "no mode gains on it. Cut by measured costs (the re-balanced columns) the schedule gives those views steps "
+        "of their own and every mode speeds up. The scan rig and the city are the regime Odin is for; the "
         "dense object (every view reads every row) gains nothing, as the paper says of dense captures.",
         "- The exchange at scale: a sparse all-gather's bytes grow with W, a dense all-reduce's do not, so where "
         "active sets are large (the dense object, the panning street's long views) the chosen exchange turns "
