@@ -88,6 +88,9 @@ class SimulateCliConfig:
     sharded: bool = False
     """Simulate the sharded mode (odin-train's --sharded: a shard per rank; barrier, quality and throughput), its
     row all-to-all behind --interconnect (one link per pair with emulated, one per rank otherwise)."""
+    rebalanced: bool = False
+    """Cut the schedule by each view's modeled time, as a run with --pipeline.datamanager.rebalance-every trains from
+    its second epoch on (the replicated mode in the rlg and random orders)."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -145,6 +148,11 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
     """The first run simulated as it ran, beside what it measured."""
     run = config.run[0]
     settings = read_run_settings(run)
+    if settings.rebalance_every:
+        raise ValueError(
+            f"--replay: {run} re-balanced its schedule by measured costs (--pipeline.datamanager.rebalance-every "
+            f"{settings.rebalance_every}), whose epochs a replay does not rebuild; replay a run without it"
+        )
     simulation = SimulationConfig(
         runtime=OdinRuntimeConfig(
             mode=settings.mode,  # type: ignore[arg-type]
@@ -191,6 +199,7 @@ def simulation_config(config: SimulateCliConfig, mode: str, workers: int) -> Sim
         seed=config.seed,
         sharded=config.sharded,
         schedule_order=config.schedule_order,
+        rebalanced=config.rebalanced,
     )
 
 

@@ -51,6 +51,7 @@ class RunSettings:
         sharded: whether it trained with ``--sharded True`` (a shard of the Gaussians per rank).
         fetch_ahead: sharded quality-first's steps fetched ahead (1 in a run saved before the option existed).
         schedule_order: the datamanager's ``schedule_order`` (auto in a run saved before the option existed).
+        rebalance_every: the datamanager's ``rebalance_every`` (0: the schedule by predicted costs throughout).
     """
 
     scene: Path
@@ -65,6 +66,7 @@ class RunSettings:
     sharded: bool = False
     fetch_ahead: int = 1
     schedule_order: str = "auto"
+    rebalance_every: int = 0
 
 
 def read_run_settings(run: Path) -> RunSettings:
@@ -95,6 +97,7 @@ def read_run_settings(run: Path) -> RunSettings:
             sharded=bool(config.get("sharded", False)),
             fetch_ahead=int(runtime.get("fetch_ahead", 1)),
             schedule_order=str(datamanager.get("schedule_order", "auto")),
+            rebalance_every=int(datamanager.get("rebalance_every", 0)),
         )
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path} is not an odin-splat config: it lacks {error}") from None

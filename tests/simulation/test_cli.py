@@ -65,6 +65,23 @@ def test_cli_simulates_the_sharded_mode_and_refuses_what_it_does_not_run(
         cli.main([*argv, "--sharded", "--modes", "ddp"])
 
 
+def test_cli_simulates_a_rebalanced_schedule_and_refuses_to_replay_a_rebalanced_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = write_run(tmp_path / "run")
+    argv = ["--run", str(run), "--scene", str(TESTS_DATA / "kermit_320"), "--workers", "2", "--steps", "4"]
+    cli.main([*argv, "--rebalanced", "--modes", "barrier"])
+    assert "| 2 | barrier |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="re-balanced schedule is the replicated mode's"):
+        cli.main([*argv, "--rebalanced", "--sharded", "--modes", "barrier"])
+    write_config(run, TESTS_DATA / "kermit_320")
+    config = run / "config.yml"
+    config.write_text(config.read_text().replace("    schedule_seed: 0", "    schedule_seed: 0\n    rebalance_every: 1"))
+    assert read_run_settings(run).rebalance_every == 1
+    with pytest.raises(SystemExit, match="rebalance-every 1"):
+        cli.main(["--run", str(run), "--replay"])
+
+
 def test_a_sharded_simulation_schedules_in_the_regional_order_unless_told() -> None:
     # as odin-train: --pipeline.datamanager.schedule-order auto is the regional order with --sharded (in two halves
     # from 16 workers), rlg without
