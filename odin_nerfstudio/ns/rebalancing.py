@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
 from odin_nerfstudio.core.timeline import Event
@@ -57,6 +58,12 @@ class MeasuredBalance:
         self.times = ViewTimes(datamanager.schedule.num_views)
         self.consumed = 0
         self.history: list[dict[str, Any]] = []
+        if self.every:
+            steps = self.every * datamanager.schedule.steps_per_epoch
+            CONSOLE.print(
+                f"odin: the schedule is re-balanced by measured costs every {self.every} epoch(s), every {steps} "
+                "step(s); each re-balance first publishes every started step, as a checkpoint does"
+            )
 
     def due(self, step: int) -> bool:
         """Whether the schedule is re-balanced before step ``step`` reads (the first step of every Nth epoch)."""
