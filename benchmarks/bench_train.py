@@ -137,6 +137,7 @@ class ModeRun:
     psnr: float
     round: int = 0
     balance: float = float("nan")
+    rebalanced_balance: float | None = None
 
 
 def median(values: list[float]) -> float:
@@ -285,7 +286,13 @@ def train_mode(
         draw(metrics, events, args.timeline_dir / f"bench_train_{name}.png")
     counters = [json.loads((run_dir / f"odin_counters_rank{r}.json").read_text()) for r in range(args.workers)]
     psnr = json.loads(eval_json.read_text())["results"]["psnr"]
-    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr, round_, step_balance(events))
+    rebalanced = None
+    record = run_dir / "odin_rebalance_rank0.json"
+    if record.exists():  # the steps trained by measured costs: from the first re-balance on
+        first = json.loads(record.read_text())[0]["step"]
+        rebalanced = step_balance([[event for event in rank if event.step >= first] for rank in events])
+    balances = (step_balance(events), rebalanced)
+    return ModeRun(mode, scene.name, interconnect, metrics, counters, wall, psnr, round_, *balances)
 
 
 def evaluate(config: Path, output: Path) -> None:
@@ -378,7 +385,8 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ("**at equal compute**: share of own wait-free bound relative to barrier's, same round", f"**{equal}**"),
         ("wait-free bound (views / largest rank compute), median run", f"{metrics.wait_free_views_per_s:.2f} views/s"),
         ("**share of the wait-free bound**, median (each round)", f"**{bound}**"),
-        ("measured step balance (max / mean rank render + backward per step), median run", f"{run.balance:.3f}"),
+        ("measured step balance (max / mean rank render + backward per step; from the first re-balance on), median run",
+         balance(run)),
         ("idle share per rank (outside compute), median run", per_rank([r.idle_share for r in ranks])),
         ("exposed wait share per rank, median run", per_rank([r.exposed_wait_share for r in ranks])),
         ("exposed wait per view, median (each round)", exposed),
@@ -405,6 +413,12 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ("PSNR relative to barrier", "-" if barrier is None else f"{run.psnr / barrier.typical.psnr - 1:+.1%}"),
         ("wall time of the command (start-up included), median run", f"{run.wall_s:.0f} s"),
     ]
+
+
+def balance(run: ModeRun) -> str:
+    """The measured step balance over the run and, where it re-balanced, over the steps from its first re-balance."""
+    text = f"{run.balance:.3f}"
+    return text if run.rebalanced_balance is None else f"{text} ({run.rebalanced_balance:.3f})"
 
 
 def shard_bytes(run: ModeRun) -> str:
