@@ -58,7 +58,7 @@ class MeasuredBalance:
         self.times = ViewTimes(datamanager.schedule.num_views)
         self.consumed = 0
         self.history: list[dict[str, Any]] = []
-        if self.every:
+        if self.every and datamanager.rank == 0:  # rank 0 speaks for the job
             steps = self.every * datamanager.schedule.steps_per_epoch
             CONSOLE.print(
                 f"odin: the schedule is re-balanced by measured costs every {self.every} epoch(s), every {steps} "
