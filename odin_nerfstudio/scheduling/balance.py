@@ -16,8 +16,9 @@ only in the tails of a larger epoch's costs (narrower bands hold at most ``TAIL_
 4,000-view street at W = 64, with measured-like costs, that took the balance from 1.082 to 1.046 and the conflict
 ratio from 0.073 to 0.087 (BENCHMARKS.md, bench_compile).
 
-Costs may come from measurement (:func:`measured_view_cost`): a view's render + backward seconds in the previous
-epoch, as Grendel balances by measured time; the counted SfM points and pixels only predict it.
+Costs may come from measurement (:class:`ViewTimes`, :func:`measured_view_cost`): a view's render + backward seconds
+in the previous epoch, as Grendel balances by measured time (a run's ``--pipeline.datamanager.rebalance-every``); the
+counted SfM points and pixels only predict it.
 """
 
 from __future__ import annotations
