@@ -172,16 +172,21 @@ def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.nda
     return times.view_cost(predicted)
 
 
-def steps_balance(steps: Sequence[Any], cost: np.ndarray) -> float:
-    """Max / mean worker cost by ``cost`` [V], averaged over the full steps of ``steps`` (the schedule's ``Step``s,
-    their ``tasks`` a tuple of views per worker): their balance by costs other than those they were cut by."""
+def worker_balance(loads: Sequence[float]) -> float:
+    """Max over mean worker cost of one step (1.0 is perfect; idle workers count as 0)."""
+    mean = float(np.mean(loads))
+    return max(loads) / mean if mean > 0 else 1.0
+
+
+def steps_balance(steps: Sequence[Any], cost: np.ndarray | None = None) -> float:
+    """:func:`worker_balance` averaged over the full steps of ``steps`` (the schedule's ``Step``s; all of them when
+    none is full), each worker's cost its ``worker_cost`` or, given ``cost`` [V], the sum over its views: a
+    schedule's balance by the costs it was cut by, or by others (measured ones)."""
     size = max(sum(map(len, step.tasks)) for step in steps)
-    balances = []
-    for step in steps:
-        if sum(map(len, step.tasks)) == size:
-            loads = np.array([cost[list(views)].sum() for views in step.tasks])
-            balances.append(loads.max() / loads.mean() if loads.mean() > 0 else 1.0)
-    return float(np.mean(balances))
+    full = [step for step in steps if sum(map(len, step.tasks)) == size]
+    if cost is None:
+        return float(np.mean([worker_balance(step.worker_cost) for step in full]))
+    return float(np.mean([worker_balance([cost[list(views)].sum() for views in step.tasks]) for step in full]))
 
 
 def predicted_view_cost(

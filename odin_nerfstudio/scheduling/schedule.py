@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from odin_nerfstudio.scheduling.balance import checked_view_cost, cost_bands, predicted_view_cost
+from odin_nerfstudio.scheduling.balance import checked_view_cost, cost_bands, predicted_view_cost, steps_balance
 from odin_nerfstudio.scheduling.ordering import (
     assign_lpt,
     conflict_by_lag,
@@ -178,9 +178,8 @@ class Step:
 
     @property
     def balance(self) -> float:
-        """Max over mean worker cost (1.0 is perfect; idle workers count as 0)."""
-        mean = float(np.mean(self.worker_cost))
-        return max(self.worker_cost) / mean if mean > 0 else 1.0
+        """Max over mean worker cost (1.0 is perfect; idle workers count as 0: ``balance.worker_balance``)."""
+        return steps_balance([self])
 
 
 @dataclass(frozen=True)
@@ -286,7 +285,6 @@ class Schedule:
         """
         plans = [self.epoch(e) for e in range(epochs)]
         steps = [step for plan in plans for step in plan.steps]
-        full = [s for s in steps if sum(map(len, s.tasks)) == self.config.step_size] or steps
         total = sum(plan.conflict_mass for plan in plans)
         random = sum(plan.random_conflict_mass for plan in plans)
         return {
@@ -295,7 +293,7 @@ class Schedule:
             "conflict_mass": total,
             "random_conflict_mass": random,
             "ratio": total / random if random > 0 else (1.0 if total == 0 else float("inf")),
-            "balance": float(np.mean([s.balance for s in full])),
+            "balance": steps_balance(steps),
             "mean_overlap_window": float(np.mean([len(s.overlap_window) for s in steps])),
         }
 
