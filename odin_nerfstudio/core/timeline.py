@@ -11,11 +11,12 @@ many older events were dropped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ class Event:
     start_ns: int
     end_ns: int
     args: dict[str, Any] = field(default_factory=dict)
+
+
+def events_since(events: Sequence[Event], recorded: int, consumed: int) -> list[Event]:
+    """The events of a timeline's window ``events`` (``recorded`` recorded in all) after the first ``consumed``,
+    oldest first; those dropped from the window before they were taken are lost."""
+    new = max(min(recorded - consumed, len(events)), 0)
+    return list(itertools.islice(reversed(events), new))[::-1]
 
 
 MAX_EVENTS = 200_000

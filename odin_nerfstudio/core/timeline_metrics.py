@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from odin_nerfstudio.core.timeline import Event
+from odin_nerfstudio.core.timeline import Event, events_since
 
 COMPUTE_EVENTS = ("render", "backward", "publish")
 """Spans during which a process computes (a wait overlapping them is not exposed)."""
@@ -237,8 +237,7 @@ class TimelineMeter:
                 window before they were consumed are not counted.
         """
         recorded = len(events) if recorded is None else recorded
-        new = min(recorded - self.consumed, len(events))
-        for event in reversed([event for _, event in zip(range(new), reversed(events))]):
+        for event in events_since(events, recorded, self.consumed):
             self._take(event)
         self.consumed = recorded
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
-from odin_nerfstudio.core.timeline import Event
+from odin_nerfstudio.core.timeline import Event, events_since
 from odin_nerfstudio.drivers.step_loop import settle
 from odin_nerfstudio.runtime.runtime import OdinRuntime
 from odin_nerfstudio.scheduling.balance import ViewTimes, steps_balance
@@ -73,9 +73,8 @@ class MeasuredBalance:
     def consume(self, events: Sequence[Event], recorded: int) -> None:
         """Add the render and backward spans of ``events`` not yet consumed (a timeline's window, ``recorded``
         events in all; spans dropped from the window before they were consumed are not measured)."""
-        new = min(recorded - self.consumed, len(events))
+        window = events_since(events, recorded, self.consumed)
         self.consumed = recorded
-        window = list(events)[len(events) - new :]
         for name, count in (("render", True), ("backward", False)):  # a task's cost: its render plus its backward
             spans = [event for event in window if event.name == name]
             views = np.array([int(event.args["view"]) for event in spans], dtype=np.int64)
