@@ -121,11 +121,11 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
                 "the same number of the schedule's workers; leave num_workers unset to use the world size"
             )
         order = resolved_order(self.schedule_order, self.sharded, workers)
-        if self.rebalance_every and order in REGIONAL:
+        if self.rebalance_every and order == "halves":
             raise ValueError(
-                f"--pipeline.datamanager.rebalance-every {self.rebalance_every}: re-balancing runs in the rlg and "
-                f"random orders (the {order} order places views by region, not by cost); pass "
-                "--pipeline.datamanager.schedule-order rlg, or leave rebalance-every at 0"
+                f"--pipeline.datamanager.rebalance-every {self.rebalance_every}: re-balancing runs in the rlg, random "
+                "and regions orders (the halves order sweeps its regions in space order, not by cost); pass "
+                "--pipeline.datamanager.schedule-order regions or rlg, or leave rebalance-every at 0"
             )
         return ScheduleConfig(
             num_workers=workers,

@@ -7,7 +7,8 @@ traffic: every task of a step reads the same part of the scene, which one owner 
 all their rows and that owner serves the whole step. Here a step takes views from W different regions instead: far
 apart (so the views of one step rarely share rows), each near the rows one shard holds (the sharded mode places each
 worker on the rank owning most of its rows, ``runtime/placement.py``), and each region's views in a strided order,
-so that the steps of one worker close in time look at parts of its region far apart (:func:`strided`).
+so that the steps of one worker close in time look at parts of its region far apart (:func:`strided`), in cost bands
+where the views' costs would leave the steps uneven (:func:`cost_banded`).
 
 Regions: the views sorted by the Z-order code of the centroid of their SfM points (the Z-order the shards are cut
 in: the model starts from those points), cut into W runs of equal size (``numpy.array_split``). Only SfM data is
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from odin_nerfstudio.core.row_order import codes_in, morton_frame
+from odin_nerfstudio.scheduling.balance import MIN_BAND_GROUPS, worker_balance
 
 Order = Literal["rlg", "random", "regions", "halves"]
 """A schedule's order (``ScheduleConfig.order``): the locality schedule, the random control, regions, or regions in
@@ -93,26 +95,98 @@ def order_regions(keys: np.ndarray | None, order: Order, num_workers: int) -> li
 
 
 def epoch_steps(
-    order: Order, regions: list[np.ndarray], views_per_worker: int, rng: np.random.Generator, first_step: int
+    order: Order,
+    regions: list[np.ndarray],
+    views_per_worker: int,
+    rng: np.random.Generator,
+    first_step: int,
+    cost: np.ndarray | None = None,
+    tolerance: float | None = None,
 ) -> list[list[np.ndarray]]:
     """An epoch's steps in a regional order, each a list of per-worker views (``first_step``: the epoch's first
-    global step, which the halves order alternates by)."""
+    global step, which the halves order alternates by; ``cost`` and ``tolerance``: the views' costs and the cost
+    bands' spread, :func:`cost_banded`, for the regions order)."""
     if order == "halves":
         return halves_steps(regions, views_per_worker, rng, first_step)
-    return regional_steps(regions, views_per_worker, rng)
+    return regional_steps(regions, views_per_worker, rng, cost, tolerance)
 
 
 def regional_steps(
-    regions: list[np.ndarray], views_per_worker: int, rng: np.random.Generator
+    regions: list[np.ndarray],
+    views_per_worker: int,
+    rng: np.random.Generator,
+    cost: np.ndarray | None = None,
+    tolerance: float | None = None,
 ) -> list[list[np.ndarray]]:
     """An epoch's steps, each a list of per-worker views: worker w takes the next ``views_per_worker`` of region w's
-    order (:func:`strided`; fewer, or none, once the region is spent)."""
+    order (:func:`strided`, arranged in cost bands where ``cost`` and ``tolerance`` are given: :func:`cost_banded`;
+    fewer, or none, once the region is spent)."""
     ordered = [strided(region, rng) for region in regions]
+    if cost is not None and tolerance is not None:
+        ordered = cost_banded(ordered, cost, tolerance, views_per_worker)
     longest = max((len(region) for region in regions), default=0)
     return [
         [region[start : start + views_per_worker] for region in ordered]
         for start in range(0, longest, views_per_worker)
     ]
+
+
+def cost_banded(
+    orders: list[np.ndarray], cost: np.ndarray, tolerance: float, per_worker: int
+) -> list[np.ndarray]:
+    """The regions' views (``orders``: each region's strided order) taken from cost bands in turn where that evens
+    out the steps: a barrier's step waits for its costliest worker, and a region's views taken in space order alone
+    may pair a view looking down a long street with one facing a wall (odin-synth's city at W = 2: max / mean
+    predicted worker cost 1.45 a step).
+
+    Every region is cut at the same cost quantiles into the same number of bands, each in the region's strided
+    order, and its steps take ``per_worker`` views from each band in turn (cheapest band first), so the k-th views
+    of every region come from the same band (band edges at the same fraction of each region: off by at most one
+    view where regions differ by one), and a worker's consecutive views come from different bands, apart in cost
+    and, where cost follows place, in space. ``orders`` stay as they are where their steps' balance (max / mean
+    worker cost) is already within ``1 + tolerance``; else the fewest bands that bring it within, or the most even
+    of at most enough bands to leave each ``MIN_BAND_GROUPS`` steps' worth of views in the smallest region."""
+    sizes = [len(order) for order in orders if len(order)]
+    most = max(1, min(sizes, default=0) // (MIN_BAND_GROUPS * per_worker))
+    best, best_balance = orders, _aligned_balance(orders, cost, per_worker)
+    for bands in range(2, most + 1):
+        if best_balance <= 1.0 + tolerance:
+            break
+        banded = [_in_turn(_quantile_bands(order, cost, bands), per_worker) for order in orders]
+        balance = _aligned_balance(banded, cost, per_worker)
+        if balance < best_balance:
+            best, best_balance = banded, balance
+    return best
+
+
+def _in_turn(bands: list[np.ndarray], per_worker: int) -> np.ndarray:
+    """The views of ``bands``, ``per_worker`` from each band in turn until every band is spent."""
+    taken, parts = [0] * len(bands), []
+    while any(count < len(band) for count, band in zip(taken, bands)):
+        for index, band in enumerate(bands):
+            parts.append(band[taken[index] : taken[index] + per_worker])
+            taken[index] += per_worker
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _aligned_balance(orders: list[np.ndarray], cost: np.ndarray, per_worker: int) -> float:
+    """The mean balance (``balance.worker_balance``) of the steps that take ``per_worker`` views from every one of
+    ``orders`` (regions) at the same positions; 1.0 where no step takes from all."""
+    shortest = min((len(order) for order in orders), default=0)
+    balances = [
+        worker_balance([float(cost[order[k : k + per_worker]].sum()) for order in orders])
+        for k in range(0, shortest - per_worker + 1, per_worker)
+    ]
+    return float(np.mean(balances)) if balances else 1.0
+
+
+def _quantile_bands(order: np.ndarray, cost: np.ndarray, bands: int) -> list[np.ndarray]:
+    """``order``'s views in ``bands`` bands of their cost ranks (ties by position), cheapest first, each in
+    ``order``'s order."""
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[np.argsort(cost[order], kind="stable")] = np.arange(len(order))
+    band_of = ranks * bands // max(len(order), 1)
+    return [order[band_of == band] for band in range(bands)]
 
 
 def halves_steps(

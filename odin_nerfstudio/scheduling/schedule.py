@@ -383,7 +383,9 @@ class Schedule:
         if config.order in REGIONAL:
             rng = np.random.default_rng([config.seed, epoch, 2])
             first = epoch * self.steps_per_epoch
-            steps = epoch_steps(config.order, self._regions, config.views_per_worker, rng, first)
+            steps = epoch_steps(
+                config.order, self._regions, config.views_per_worker, rng, first, self.view_cost, config.band_tolerance
+            )
             groups = [np.concatenate(step) for step in steps]
             return self._assemble(epoch, groups, random_mass, fixed=steps)
         rng = np.random.default_rng([config.seed, epoch, 0])

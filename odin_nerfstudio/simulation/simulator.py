@@ -37,7 +37,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Decision
 from odin_nerfstudio.runtime.runtime import OdinRuntime
-from odin_nerfstudio.scheduling.regions import REGIONAL, OrderOption, resolved_order
+from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.costs import CostModel
@@ -101,8 +101,8 @@ class SimulationConfig:
                 f"{self.runtime.mode!r} with {self.workers_per_process} workers per process"
             )
 
-        if self.rebalanced and (self.sharded or self.schedule_config().order in REGIONAL):
-            raise ValueError("a re-balanced schedule is the replicated mode's, in the rlg or random order")
+        if self.rebalanced and (self.sharded or self.schedule_config().order == "halves"):
+            raise ValueError("a re-balanced schedule is the replicated mode's, in the rlg, random or regions order")
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K, seed and order."""

@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from odin_nerfstudio.scenes.citygen import street_point_sets
-from odin_nerfstudio.scheduling.regions import halves_steps, regional_steps, regions_of, view_keys
+from odin_nerfstudio.scheduling.balance import steps_balance
+from odin_nerfstudio.scheduling.regions import (
+    _aligned_balance,
+    cost_banded,
+    halves_steps,
+    regional_steps,
+    regions_of,
+    strided,
+    view_keys,
+)
 from odin_nerfstudio.scheduling.rlg import RelativeLocalityGraph
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 
@@ -97,3 +106,41 @@ def test_the_halves_order_keeps_consecutive_steps_of_a_street_apart() -> None:
         assert sorted(views) == list(range(40)), "every view once per epoch"
         plans[order] = schedule.epoch(0).conflict_mass, schedule.epoch(1).conflict_mass
     assert all(h < r / 4 for h, r in zip(plans["halves"], plans["regions"])), plans
+
+
+def test_cost_bands_even_the_steps_that_a_regions_space_order_leaves_uneven() -> None:
+    """Two regions whose costs alternate along space (a view down a street, one facing a wall): strided alone,
+    a step pairs a costly view with a cheap one; banded, the k-th views of both regions cost alike. Every region
+    keeps its own views; orders already even stay as they are."""
+    regions = [np.arange(0, 40), np.arange(40, 80)]
+    cost = np.where(np.arange(80) % 2 == 0, 1.0, 5.0)
+    cost[40:] = cost[40:][::-1]
+    rng = np.random.default_rng(0)
+    strided_orders = [strided(region, np.random.default_rng(0)) for region in regions]
+    banded = cost_banded(strided_orders, cost, 0.05, 1)
+    for region, order in zip(regions, banded):
+        assert sorted(order.tolist()) == region.tolist()
+    uneven = _aligned_balance(strided_orders, cost, 1)
+    assert uneven > 1.2, "the strided order pairs costly and cheap views"
+    assert _aligned_balance(banded, cost, 1) <= 1.05
+    assert np.array_equal(cost[banded[0]], cost[banded[1]]), "the k-th views of both regions cost alike"
+    even = np.ones(80)
+    assert all(a is b for a, b in zip(cost_banded(strided_orders, even, 0.05, 1), strided_orders))
+    steps = regional_steps(regions, 1, rng, cost, 0.05)
+    assert max(cost[step[0]].sum() / cost[step[1]].sum() for step in steps) == 1.0
+
+
+def test_the_regional_schedule_follows_its_costs_predicted_or_measured() -> None:
+    """The schedule in the regions order cut by uneven view costs: evener steps by those costs than the same
+    schedule cut by even ones, and re-balanced by measured costs (``with_view_cost``) it follows them."""
+    sets, ids, xyz = street()
+    rlg = RelativeLocalityGraph.from_point_sets(sets)
+    config = ScheduleConfig(num_workers=2, views_per_worker=1, seed=3, order="regions")
+    keys = view_keys(sets, ids, xyz)
+    uneven = np.random.default_rng(5).uniform(1.0, 6.0, size=40)
+    flat = Schedule(rlg, config, view_cost=np.ones(40), view_keys=keys)
+    banded = Schedule(rlg, config, view_cost=uneven, view_keys=keys)
+    assert steps_balance(flat.epoch(0).steps, uneven) > 1.2
+    assert steps_balance(banded.epoch(0).steps, uneven) < 1.1
+    rebalanced = flat.with_view_cost(uneven)
+    assert steps_balance(rebalanced.epoch(0).steps, uneven) == steps_balance(banded.epoch(0).steps, uneven)
