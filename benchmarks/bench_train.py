@@ -17,7 +17,7 @@ their ratios against ``sharded-barrier-locality``; the ``-halves`` ones the halv
 locality order compiled from an RLG of the views' candidate sets on the initial model
 (``--pipeline.datamanager.rlg-points candidates``), their ratios against the barrier of the same kind and RLG. The
 ``-rebalanced`` ones re-balance the schedule every epoch by the views' measured costs
-(``--pipeline.datamanager.rebalance-every 1``), their ratios against ``barrier-rebalanced``.
+(``--pipeline.datamanager.rebalance-every 1``), their ratios against the re-balanced barrier of their kind.
 
 Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
 procedural Gaussians of which ``--points`` are offered as SfM points), and a dense scene (``--dense``: odin-synth's
@@ -105,6 +105,8 @@ VARIANTS = {
     "sharded-quality-locality": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY),
     "sharded-barrier-halves": ("--sharded", "True", "--runtime.mode", "barrier", *HALVES),
     "sharded-quality-halves": ("--sharded", "True", "--runtime.mode", "quality", *HALVES),
+    "sharded-barrier-rebalanced": ("--sharded", "True", "--runtime.mode", "barrier", *REBALANCED),
+    "sharded-quality-rebalanced": ("--sharded", "True", "--runtime.mode", "quality", *REBALANCED),
     "sharded-barrier-candidates": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY, *CANDIDATE_RLG),
     "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY, *CANDIDATE_RLG),
 }

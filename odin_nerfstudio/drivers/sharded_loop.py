@@ -339,15 +339,20 @@ class ShardedLoop:
         """The structural change after ``step`` (densify, prune, reset; re-order, re-cut, move rows), on every rank
         once ``step`` is published and nothing of later steps was fetched (``runtime/resharding.py``); ``views``:
         one task per training view, whose candidate sets weigh the rows for the cut."""
-        self._lane.join()
-        if self._ahead or self._inflight:
-            ahead = sorted({*self._ahead, *self._inflight})
-            raise RuntimeError(f"restructure after step {step}: steps {ahead} were fetched ahead")
+        self.settled(f"the restructure after step {step}")
         recut = restructure(self.owner, self.reader, self.exchange, strategy, step, seed, self.timeout_s, views)
         self.counters.recuts += int(recut)
         self.counters.restructures += 1
         if self.placement is not None:  # rows moved: count again where each view's rows live
             self.place(views)
+
+    def settled(self, what: str) -> None:
+        """Join the lane and check that no step after the last published one was begun (fetched ahead or placed),
+        before ``what`` (a structural change, a re-balance of the schedule) changes what later steps read."""
+        self._lane.join()
+        begun = sorted({*self._ahead, *self._inflight, *self._ranks_of})
+        if begun:
+            raise RuntimeError(f"{what}: steps {begun} were begun ahead of it")
 
     def _run(self, fetched: FetchedStep, task: Task) -> None:
         """Render, back-propagate and stage one of this rank's tasks."""

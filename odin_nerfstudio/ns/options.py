@@ -94,11 +94,6 @@ def _sharded_problems(config: Any) -> list[str]:
             f"{flag('runtime.mode')} {config.runtime.mode!r} with --sharded True: the sharded mode runs "
             f"{', '.join(SHARDED_MODES)}"
         )
-    if config.pipeline.datamanager.rebalance_every:
-        problems.append(
-            f"{flag('pipeline.datamanager.rebalance_every')} {config.pipeline.datamanager.rebalance_every!r} with "
-            "--sharded True: re-balancing by measured costs runs in the replicated mode; leave it at 0"
-        )
     return problems
 
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
-from odin_nerfstudio.core.timeline import Event, events_since
+from odin_nerfstudio.core.timeline import Event, Timeline, events_since
 from odin_nerfstudio.drivers.step_loop import settle
 from odin_nerfstudio.runtime.runtime import OdinRuntime
 from odin_nerfstudio.scheduling.balance import ViewTimes, steps_balance
@@ -81,11 +81,16 @@ class MeasuredBalance:
             self.times.add(views, np.array([(event.end_ns - event.start_ns) / 1e9 for event in spans]), count)
 
     def rebalance(self, step: int, runtime: OdinRuntime, transports: Iterable[DistributedTransport] = ()) -> None:
-        """Settle ``runtime``, then re-balance the epochs from ``step``'s on by every rank's measurements (a
-        collective in a distributed run: every rank calls it at the same step)."""
+        """Settle ``runtime`` (the replicated mode's), then :meth:`rebalance_by` its timeline."""
         settle(runtime)
         require_no_exchange_in_flight(f"the re-balance before step {step}", transports)
-        self.consume(runtime.timeline.events, runtime.timeline.recorded)
+        self.rebalance_by(step, runtime.timeline)
+
+    def rebalance_by(self, step: int, timeline: Timeline) -> None:
+        """Re-balance the epochs from ``step``'s on by every rank's measurements, this rank's from ``timeline`` (a
+        collective in a distributed run: every rank calls it at the same step, every step before published and
+        nothing of ``step`` or later begun: :meth:`rebalance`, or the sharded loop's ``settled``)."""
+        self.consume(timeline.events, timeline.recorded)
         sums = torch.from_numpy(np.stack([self.times.seconds, self.times.count])).to(self.device)
         if dist.is_available() and dist.is_initialized():
             try:

@@ -43,6 +43,7 @@ from odin_nerfstudio.core.tasks import NO_STEP, Task, view_tasks
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.ns.checkpoints import allow_nerfstudio_checkpoints, checkpoint_path, save_atomically
 from odin_nerfstudio.ns.rank0_work import wait_for_rank0
+from odin_nerfstudio.ns.rebalancing import REBALANCE_KEY, restore_rebalance, saved_rebalance
 from odin_nerfstudio.ns.splat_runtime import GAUSSIAN_PARAMS
 from odin_nerfstudio.runtime.culling_index import CullingIndex
 from odin_nerfstudio.runtime.metering import Meter
@@ -172,6 +173,9 @@ class ShardedTraining:
         changed = step > 0 and structural_change_due(strategy, step - 1)
         if changed:
             self.loop.restructure(strategy, step - 1, self.config.machine.seed, self.views())
+        if self.trainer.measured_balance.due(step):  # ``settles`` kept the step before from running ahead
+            self.loop.settled(f"the re-balance before step {step}")
+            self.trainer.measured_balance.rebalance_by(step, self.meter.timeline)
         self.loop.iteration(step)
         return changed
 
@@ -230,6 +234,7 @@ class ShardedTraining:
             "tables": {"seq": owner.tables.seq, "published_step": owner.tables.published_step},
             "strategy": dict(owner.strategy_state or {}),
             "bounds": owner.cuts.bounds.tolist(),
+            REBALANCE_KEY: saved_rebalance(trainer.pipeline.datamanager),
         }
         save_atomically(state, shard_path(folder, step, self.rank, self.num_shards))
         with self.whole_model():
@@ -274,6 +279,7 @@ class ShardedTraining:
         owner.strategy_state.update(
             {k: v.to(device) if isinstance(v, Tensor) else v for k, v in shard["strategy"].items()}
         )
+        restore_rebalance(trainer.pipeline.datamanager, shard.get(REBALANCE_KEY))
 
 
 def scheduled_rates(optimizers: Any) -> LearningRates:

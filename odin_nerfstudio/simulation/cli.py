@@ -90,7 +90,7 @@ class SimulateCliConfig:
     row all-to-all behind --interconnect (one link per pair with emulated, one per rank otherwise)."""
     rebalanced: bool = False
     """Cut the schedule by each view's modeled time, as a run with --pipeline.datamanager.rebalance-every trains from
-    its second epoch on (the replicated mode in the rlg and random orders)."""
+    its second epoch on (in the rlg, random and regions orders, either mode)."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

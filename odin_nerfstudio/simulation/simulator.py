@@ -101,8 +101,8 @@ class SimulationConfig:
                 f"{self.runtime.mode!r} with {self.workers_per_process} workers per process"
             )
 
-        if self.rebalanced and (self.sharded or self.schedule_config().order == "halves"):
-            raise ValueError("a re-balanced schedule is the replicated mode's, in the rlg, random or regions order")
+        if self.rebalanced and self.schedule_config().order == "halves":
+            raise ValueError("a re-balanced schedule runs in the rlg, random or regions order, not in halves")
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K, seed and order."""

@@ -61,3 +61,32 @@ def test_two_ranks_rebalance_by_every_ranks_measurements_and_a_resumed_run_keeps
     assert entry["step"] == ITERATIONS and entry["tasks_measured"] == 0, entry
     assert entry["cost_digest"] == records[0][-1]["cost_digest"], "the resumed run trains the re-balanced schedule"
     assert checkpoint(resumed, ITERATIONS)[REBALANCE_KEY]["view_cost"] == last["view_cost"]
+
+
+@pytest.mark.slow
+def test_sharded_ranks_rebalance_between_steps_run_ahead_and_a_resumed_run_keeps_the_schedule(tmp_path: Path) -> None:
+    """``--sharded``, quality-first: each rank measures the tasks it rendered (its own shard's reads), both re-balance
+    by the same sums at each epoch's first step, while tasks ran ahead within the epochs (so the loop stopped
+    fetching ahead at each re-balance: it refuses one otherwise); each shard file holds the costs, which a run
+    resumed from them trains by."""
+    scene = make_scene(SynthConfig(preset="street", num_views=12, output=tmp_path / "street"))
+    sharded = ["--sharded", "True", "--runtime.mode", "quality"]
+    finish(processes.start(*odin_train(scene, tmp_path, "first", ITERATIONS, *sharded), one_thread=True))
+    run = tmp_path / "first" / "odin-splat" / "run"
+    records = [json.loads((run / f"odin_rebalance_rank{rank}.json").read_text()) for rank in range(2)]
+    assert [entry["step"] for entry in records[0]] == [5, 10], records[0]
+    for entry, other in zip(*records):
+        assert entry == other, "both ranks re-balance by the same sums (cost digest) at the same step"
+        assert entry["views_measured"] == entry["views"] == 10, f"the sums hold every rank's views: {entry}"
+    counters = [json.loads((run / f"odin_counters_rank{rank}.json").read_text()) for rank in range(2)]
+    assert sum(c["ran_ahead"] for c in counters) > 0, counters
+
+    allow_nerfstudio_checkpoints()
+    shard = torch.load(run / "odin_shards" / f"step-{ITERATIONS - 1:09d}.rank-1-of-2.ckpt", map_location="cpu")
+    assert shard[REBALANCE_KEY]["epoch"] == records[1][-1]["epoch"]
+    resume = odin_train(scene, tmp_path, "resumed", 1, *sharded, "--load-dir", str(run / "nerfstudio_models"))
+    finish(processes.start(*resume, one_thread=True))
+    resumed = tmp_path / "resumed" / "odin-splat" / "run"
+    (entry,) = json.loads((resumed / "odin_rebalance_rank1.json").read_text())
+    assert entry["step"] == ITERATIONS and entry["tasks_measured"] == 0, entry
+    assert entry["cost_digest"] == records[1][-1]["cost_digest"], "the resumed shards train the re-balanced schedule"
