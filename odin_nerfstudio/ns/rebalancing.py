@@ -3,7 +3,8 @@
 The schedule is compiled before training from predicted costs (SfM points and pixels per view), which miss what a
 view really costs; a barrier step then waits for its slowest worker. Grendel balances by measured time; so does
 odin-splat with ``--pipeline.datamanager.rebalance-every N``: at the first step of every Nth epoch every rank
-settles its runtime (every started step published, so no task of the new epoch has read yet), adds the render +
+settles its runtime (every started step published, so no task of the new epoch has read yet; in the sharded mode its
+loop, nothing of the epoch fetched ahead: ``ShardedLoop.settled``), adds the render +
 backward seconds its tasks measured since the last re-balance to every other rank's (one all-reduce), and the
 datamanager trains the epochs from there on by those costs (``OdinDatamanager.rebalance``): the same schedule on
 every rank, since every rank holds the same sums. The step before it runs nothing ahead. The costs go into every

@@ -15,7 +15,9 @@
   ``<run>/odin_shards/step-<n>.rank-<r>-of-<W>.ckpt``; then rank 0 writes nerfstudio's ``step-<n>.ckpt`` with the
   whole model's parameters (what ns-eval, ns-export, ns-render and ns-viewer load) and the manifest
   ``<run>/odin_shards/step-<n>.json``, after which, with ``--save-only-latest-checkpoint`` (nerfstudio's default),
-  the older steps' files go. Resume (``--load-dir``) reads only the rank's own shard, at the same W.
+  the older steps' files go. Resume (``--load-dir``) reads only the rank's own shard, at the same W. Each shard file
+  also holds the schedule's last re-balance by measured costs (``--pipeline.datamanager.rebalance-every``, which
+  runs here as in the replicated mode, ``ns/rebalancing.py``), so a resumed run trains the same epochs.
 """
 
 from __future__ import annotations
