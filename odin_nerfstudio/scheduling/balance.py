@@ -174,8 +174,16 @@ def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.nda
 
 def worker_balance(loads: Sequence[float]) -> float:
     """Max over mean worker cost of one step (1.0 is perfect; idle workers count as 0)."""
-    mean = float(np.mean(loads))
-    return max(loads) / mean if mean > 0 else 1.0
+    return mean_balance(np.asarray(loads, dtype=np.float64).reshape(1, -1))
+
+
+def mean_balance(loads: np.ndarray) -> float:
+    """:func:`worker_balance` of every step of ``loads`` [S, W] (per step, each worker's cost), averaged; 1.0 with
+    no step. One array op, for schedules of many steps."""
+    if loads.shape[0] == 0:
+        return 1.0
+    mean = loads.mean(axis=1)
+    return float(np.where(mean > 0, loads.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0).mean())
 
 
 def steps_balance(steps: Sequence[Any], cost: np.ndarray | None = None) -> float:

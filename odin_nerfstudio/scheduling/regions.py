@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from odin_nerfstudio.core.row_order import codes_in, morton_frame
-from odin_nerfstudio.scheduling.balance import MIN_BAND_GROUPS, worker_balance
+from odin_nerfstudio.scheduling.balance import MIN_BAND_GROUPS, mean_balance
 
 Order = Literal["rlg", "random", "regions", "halves"]
 """A schedule's order (``ScheduleConfig.order``): the locality schedule, the random control, regions, or regions in
@@ -131,6 +131,11 @@ def regional_steps(
     ]
 
 
+BANDS_ONE_BY_ONE = 32
+"""Band counts :func:`cost_banded` tries one by one, from 2; above, a count 1.25 times the last (so a region of
+62,500 views, a 500,000-view city at W = 8, tries 59 counts, not 15,624)."""
+
+
 def cost_banded(
     orders: list[np.ndarray], cost: np.ndarray, tolerance: float, per_worker: int
 ) -> list[np.ndarray]:
@@ -145,48 +150,51 @@ def cost_banded(
     view where regions differ by one), and a worker's consecutive views come from different bands, apart in cost
     and, where cost follows place, in space. ``orders`` stay as they are where their steps' balance (max / mean
     worker cost) is already within ``1 + tolerance``; else the fewest bands that bring it within, or the most even
-    of at most enough bands to leave each ``MIN_BAND_GROUPS`` steps' worth of views in the smallest region."""
+    of at most enough bands to leave each ``MIN_BAND_GROUPS`` steps' worth of views in the smallest region (counts
+    above :data:`BANDS_ONE_BY_ONE` on a geometric ladder)."""
     sizes = [len(order) for order in orders if len(order)]
     most = max(1, min(sizes, default=0) // (MIN_BAND_GROUPS * per_worker))
+    # Each view's cost rank within its region, once: a band count only cuts the ranks differently.
+    ranks = [np.argsort(np.argsort(cost[order], kind="stable"), kind="stable") for order in orders]
     best, best_balance = orders, _aligned_balance(orders, cost, per_worker)
-    for bands in range(2, most + 1):
+    for bands in _band_counts(most):
         if best_balance <= 1.0 + tolerance:
             break
-        banded = [_in_turn(_quantile_bands(order, cost, bands), per_worker) for order in orders]
+        banded = [_in_turn(order, rank * bands // len(order), per_worker) for order, rank in zip(orders, ranks)]
         balance = _aligned_balance(banded, cost, per_worker)
         if balance < best_balance:
             best, best_balance = banded, balance
     return best
 
 
-def _in_turn(bands: list[np.ndarray], per_worker: int) -> np.ndarray:
-    """The views of ``bands``, ``per_worker`` from each band in turn until every band is spent."""
-    taken, parts = [0] * len(bands), []
-    while any(count < len(band) for count, band in zip(taken, bands)):
-        for index, band in enumerate(bands):
-            parts.append(band[taken[index] : taken[index] + per_worker])
-            taken[index] += per_worker
-    return np.concatenate(parts).astype(np.int64)
+def _band_counts(most: int) -> list[int]:
+    """The band counts :func:`cost_banded` tries, 2 to ``most``: each up to :data:`BANDS_ONE_BY_ONE`, then each
+    1.25 times the last."""
+    counts = list(range(2, min(most, BANDS_ONE_BY_ONE) + 1))
+    while counts and counts[-1] < most:
+        counts.append(min(most, math.ceil(counts[-1] * 1.25)))
+    return counts
+
+
+def _in_turn(order: np.ndarray, band_of: np.ndarray, per_worker: int) -> np.ndarray:
+    """``order``'s views taken ``per_worker`` at a time from each band in turn (``band_of``: each view's band,
+    cheapest 0), each band's in ``order``'s order, until every band is spent."""
+    if len(order) == 0:
+        return order
+    by_band = np.argsort(band_of, kind="stable")
+    starts = np.searchsorted(band_of[by_band], band_of[by_band])  # where each view's band begins in by_band
+    within = np.empty(len(order), dtype=np.int64)
+    within[by_band] = np.arange(len(order)) - starts  # each view's place within its band
+    # Round by round (per_worker views of each band a round), bands in order, places in order.
+    return order[np.lexsort((within % per_worker, band_of, within // per_worker))].astype(np.int64)
 
 
 def _aligned_balance(orders: list[np.ndarray], cost: np.ndarray, per_worker: int) -> float:
-    """The mean balance (``balance.worker_balance``) of the steps that take ``per_worker`` views from every one of
+    """The mean balance (``balance.mean_balance``) of the steps that take ``per_worker`` views from every one of
     ``orders`` (regions) at the same positions; 1.0 where no step takes from all."""
-    shortest = min((len(order) for order in orders), default=0)
-    balances = [
-        worker_balance([float(cost[order[k : k + per_worker]].sum()) for order in orders])
-        for k in range(0, shortest - per_worker + 1, per_worker)
-    ]
-    return float(np.mean(balances)) if balances else 1.0
-
-
-def _quantile_bands(order: np.ndarray, cost: np.ndarray, bands: int) -> list[np.ndarray]:
-    """``order``'s views in ``bands`` bands of their cost ranks (ties by position), cheapest first, each in
-    ``order``'s order."""
-    ranks = np.empty(len(order), dtype=np.int64)
-    ranks[np.argsort(cost[order], kind="stable")] = np.arange(len(order))
-    band_of = ranks * bands // max(len(order), 1)
-    return [order[band_of == band] for band in range(bands)]
+    steps = min((len(order) for order in orders), default=0) // per_worker
+    loads = [cost[order[: steps * per_worker]].reshape(steps, per_worker).sum(axis=1) for order in orders]
+    return mean_balance(np.stack(loads, axis=1) if loads else np.zeros((0, 0)))
 
 
 def halves_steps(

@@ -10,6 +10,7 @@ from odin_nerfstudio.scenes.citygen import street_point_sets
 from odin_nerfstudio.scheduling.balance import steps_balance
 from odin_nerfstudio.scheduling.regions import (
     _aligned_balance,
+    _band_counts,
     cost_banded,
     halves_steps,
     regional_steps,
@@ -144,3 +145,12 @@ def test_the_regional_schedule_follows_its_costs_predicted_or_measured() -> None
     assert steps_balance(banded.epoch(0).steps, uneven) < 1.1
     rebalanced = flat.with_view_cost(uneven)
     assert steps_balance(rebalanced.epoch(0).steps, uneven) == steps_balance(banded.epoch(0).steps, uneven)
+
+
+def test_large_regions_try_band_counts_on_a_ladder() -> None:
+    """Up to 32 bands every count is tried; above, each count 1.25 times the last, up to the most a region allows:
+    a 500,000-view city at W = 8 (62,500 views a region, at most 15,625 bands) tries 59, not 15,624."""
+    assert _band_counts(1) == [] and _band_counts(8) == list(range(2, 9))
+    counts = _band_counts(15_625)
+    assert counts[:31] == list(range(2, 33)) and counts[-1] == 15_625 and len(counts) == 59
+    assert all(later <= 1.25 * earlier + 1 for earlier, later in zip(counts[31:], counts[32:]))
