@@ -43,6 +43,9 @@ Order = Literal["rlg", "random", "regions", "halves"]
 two halves."""
 REGIONAL: tuple[Order, ...] = ("regions", "halves")
 """The orders that need each view's regional key (:func:`view_keys`)."""
+COST_ORDERS: tuple[Order, ...] = ("rlg", "random", "regions")
+"""The orders that place views by their costs, so that a schedule re-balanced by measured costs follows them (the
+halves order sweeps its regions in space order)."""
 OrderOption = Literal["auto", "rlg", "random", "regions", "halves"]
 """An order as the options name it (``--pipeline.datamanager.schedule-order``, ``odin-simulate --schedule-order``)."""
 
