@@ -152,6 +152,12 @@ def owners(sets: Sets, placement: str, workers: int, seed: int) -> Tensor:
     return cuts.owner_of(torch.arange(n))
 
 
+def rank_rows(sets: Sets, tasks: list[Task]) -> tuple[Tensor, Tensor]:
+    """What one rank's tasks of a step read and write: the union of their C(t) and of their A(t) (sorted int64)."""
+    read = torch.unique(torch.cat([sets.candidates[t.view] for t in tasks]))
+    return read, torch.unique(torch.cat([sets.active[t.view] for t in tasks]))
+
+
 def step_bytes(sets: Sets, schedule: list, owner: Tensor, placed: bool, workers: int) -> list[list[int]]:
     """Per step and rank, the bytes it sends to other ranks: its shard's rows fetched by others, its tasks'
     gradient rows and statistics entries returned to other owners."""
@@ -165,10 +171,9 @@ def step_bytes(sets: Sets, schedule: list, owner: Tensor, placed: bool, workers:
         for rank, rank_tasks in enumerate(tasks):
             if not rank_tasks:
                 continue
-            read = torch.unique(torch.cat([sets.candidates[t.view] for t in rank_tasks]))
+            read, drawn = rank_rows(sets, rank_tasks)
             sources = owner[read][owner[read] != rank]  # fetched from other ranks: each owner sends its rows
             sent += fetch_row * torch.bincount(sources, minlength=workers)
-            drawn = torch.unique(torch.cat([sets.active[t.view] for t in rank_tasks]))
             sent[rank] += return_row * int((owner[drawn] != rank).sum())
             sent[rank] += entry * sum(int((owner[sets.active[t.view]] != rank).sum()) for t in rank_tasks)
         out.append(sent.tolist())
@@ -188,8 +193,7 @@ def floor_bytes(sets: Sets, schedule: list, workers: int) -> list[int]:
         for tasks in step:
             if not tasks:
                 continue
-            read = torch.unique(torch.cat([sets.candidates[t.view] for t in tasks])).numel()
-            drawn = torch.unique(torch.cat([sets.active[t.view] for t in tasks])).numel()
+            read, drawn = (rows.numel() for rows in rank_rows(sets, tasks))
             total += fetch_row * max(0.0, read - shard) + return_row * max(0.0, drawn - shard)
             total += entry * sum(max(0.0, sets.active[t.view].numel() - shard) for t in tasks)
         out.append(round(total / workers))
