@@ -14,9 +14,10 @@ Definitions (per rank r; a rank's W virtual workers, when one process holds seve
   publication; the counters' ``bookkeeping_ns``, else the publish spans as a lower bound).
 - idle share_r = 1 - compute_r / span_r.
 - exposed wait_r: the time inside r's wait spans (a worker that could not read, for any reason) during which r
-  computed nothing (no render, backward or publish span): the wait on r's critical path. Waits of several virtual
-  workers count once where they overlap. A block the driver does not record as a wait (it records waits that end in
-  a read) is idle, not exposed wait.
+  computed nothing (no render, backward or publish span, on any of its threads): the wait on r's critical path.
+  Waits of several virtual workers count once where they overlap; so do compute spans of several threads (a lane
+  renders while the loop waits for an exchange, and its render may end after that wait is recorded). A block the
+  driver does not record as a wait (it records waits that end in a read) is idle, not exposed wait.
 - views: distinct tasks (worker, step, view) rendered; tasks rendered again are re-runs.
 - throughput = views over the longest span; wait-free bound = views / max_r compute_r (no rank ever waiting, the
   slowest rank's compute alone); bound share = throughput / bound.
@@ -33,9 +34,9 @@ Definitions (per rank r; a rank's W virtual workers, when one process holds seve
   render + backward time in it (re-runs included), averaged over those steps; how much longer a barrier step's
   slowest rank computes than the average one (1.0: even), as the schedule's balance says it by predicted costs.
 
-Events must come in recording order (each is recorded when it ends); compute spans of one process do not overlap
-(one thread renders). :class:`TimelineMeter` consumes events incrementally (O(log n) each), so a trainer can log
-these figures live at any step.
+Events must come in recording order (each is recorded when it ends). :class:`TimelineMeter` consumes events
+incrementally (O(log n) each where spans are recorded near the present), so a trainer can log these figures live at
+any step.
 """
 
 from __future__ import annotations
@@ -209,6 +210,42 @@ class RunMetrics:
         return 1.0 - self.exposed_wait_per_view_s / reference if reference > 0 else None
 
 
+class SpanUnion:
+    """The union of spans [start, end) added in any order, as sorted disjoint runs: how much of a span it covers, and
+    which parts of a span added are new (spans are added near the latest ones, so each costs O(log n) there)."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def add(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Add [start, end); returns its parts not covered before."""
+        first = bisect.bisect_left(self._ends, start)  # the runs that meet or touch it: first .. last - 1
+        last = bisect.bisect_right(self._starts, end)
+        fresh, cursor = [], start
+        for low, high in zip(self._starts[first:last], self._ends[first:last]):
+            if low > cursor:
+                fresh.append((cursor, low))
+            cursor = max(cursor, high)
+        if cursor < end:
+            fresh.append((cursor, end))
+        if first < last:
+            start, end = min(start, self._starts[first]), max(end, self._ends[last - 1])
+        self._starts[first:last] = [start]
+        self._ends[first:last] = [end]
+        return fresh
+
+    def covered(self, start: int, end: int) -> int:
+        """How much of [start, end) the union covers."""
+        total = 0
+        for run in range(bisect.bisect_right(self._ends, start), len(self._starts)):
+            low, high = self._starts[run], self._ends[run]
+            if low >= end:
+                break
+            total += min(high, end) - max(low, start)
+        return total
+
+
 class TimelineMeter:
     """One rank's figures, fed its timeline's events as they are recorded (each event once, in recording order)."""
 
@@ -221,11 +258,9 @@ class TimelineMeter:
         self._first_ns: int | None = None
         self._last_ns: int | None = None
         self._waits: dict[str, int] = {}
-        self._busy_starts: list[int] = []
-        self._busy_ends: list[int] = []
-        self._busy_before: list[int] = [0]
-        self._wait_union: list[list[int]] = []
-        self._exposed_ns = 0
+        self._waiting = SpanUnion()
+        self._busy = SpanUnion()
+        self._exposed_ns = 0  # |waiting| - |waiting and busy|, kept as either union grows
 
     def consume(self, events: Sequence[Event], recorded: int | None = None) -> None:
         """Take the events of ``events`` not yet consumed: a timeline's events, passed again and again as they grow.
@@ -250,41 +285,15 @@ class TimelineMeter:
         if event.name in self._totals:
             self._totals[event.name] += duration
         if event.name in COMPUTE_EVENTS:
-            self._busy_starts.append(event.start_ns)
-            self._busy_ends.append(event.end_ns)
-            self._busy_before.append(self._busy_before[-1] + duration)
+            # A compute span recorded after a wait it overlaps (another thread's) un-exposes that part of the wait.
+            for start, end in self._busy.add(event.start_ns, event.end_ns):
+                self._exposed_ns -= self._waiting.covered(start, end)
         if event.name == "wait":
             reason = str(event.args.get("reason", "unknown"))
             self._waits[reason] = self._waits.get(reason, 0) + 1
-            for start, end in self._newly_waiting(event.start_ns, event.end_ns):
-                self._exposed_ns += end - start - self._busy_within(start, end)
+            for start, end in self._waiting.add(event.start_ns, event.end_ns):
+                self._exposed_ns += end - start - self._busy.covered(start, end)
         self._last_ns = event.end_ns if self._last_ns is None else max(self._last_ns, event.end_ns)
-
-    def _newly_waiting(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The parts of [start, end) not yet covered by an earlier wait; merges it into the union of waits (the
-        union's intervals that can meet it are its last ones, since waits are recorded when they end)."""
-        union, fresh, cursor, merged = self._wait_union, [], end, [start, end]
-        while union and union[-1][1] >= start:
-            low, high = union.pop()
-            if high < cursor:
-                fresh.append((high, cursor))
-            cursor = min(cursor, low)
-            merged = [min(merged[0], low), max(merged[1], high)]
-        if start < cursor:
-            fresh.append((start, cursor))
-        union.append(merged)
-        return fresh
-
-    def _busy_within(self, start: int, end: int) -> int:
-        """Compute time inside [start, end) (compute spans are disjoint and recorded in order)."""
-        first = bisect.bisect_right(self._busy_ends, start)
-        last = bisect.bisect_left(self._busy_starts, end)
-        if first >= last:
-            return 0
-        total = self._busy_before[last] - self._busy_before[first]
-        total -= max(0, start - self._busy_starts[first])
-        total -= max(0, self._busy_ends[last - 1] - end)
-        return total
 
     def metrics(self, counters: Mapping[str, Any] | Any | None = None) -> RankMetrics:
         """The figures so far; ``counters`` (the runtime's counters, or their JSON dict) add the bookkeeping time,

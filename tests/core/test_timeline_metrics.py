@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,47 @@ def test_overlapping_waits_of_virtual_workers_count_once_and_exclude_compute() -
     metrics = rank_metrics(0, events)
     assert metrics.exposed_wait_s == pytest.approx(0.025)
     assert metrics.waits == {"raw": 1, "ring": 1} and metrics.views == 3
+
+
+def test_a_lanes_render_recorded_after_the_loops_wait_is_not_exposed_wait() -> None:
+    """The sharded loop waits 10-40 ms for a return while its lane renders a task read ahead 12-35 and backs it 35-45
+    (recorded after the wait ends), and the loop publishes 40-42 while the lane still computes: only 10-12 is
+    exposed. A meter that judged the wait when it was recorded, by the compute recorded so far, counted 30 ms."""
+    events = by_end(
+        [
+            *task(0, 5, 5, 0, 0),
+            span("wait", 10, 40, 0, reason="return"),
+            *task(12, 23, 10, 1, 1, worker=1),
+            span("publish", 40, 42, 0, worker=-1),
+            *task(45, 5, 5, 1, 2),
+        ]
+    )
+    assert [e.name for e in events].index("wait") < [e.name for e in events].index("backward", 2), "wait first"
+    metrics = rank_metrics(0, events)
+    assert metrics.exposed_wait_s == pytest.approx(0.002)
+    assert metrics.compute_s == pytest.approx(0.010 + 0.033 + 0.002 + 0.010), "compute is the work, summed"
+
+
+def test_exposed_wait_is_the_waits_less_the_compute_whatever_the_spans_overlap_and_their_order() -> None:
+    """Random spans of several threads, in recording order: the meter, fed one event at a time, equals the union of
+    the waits less the union of the compute spans, counted on a millisecond grid."""
+    rng = random.Random(7)
+    for _ in range(200):
+        events = []
+        for _ in range(rng.randint(1, 12)):
+            start = rng.randint(0, 60)
+            name = rng.choice(["render", "backward", "publish", "wait", "comm"])
+            events.append(span(name, start, start + rng.randint(1, 25), worker=rng.randint(0, 2), reason="raw"))
+        events = by_end(events)
+        meter = TimelineMeter()
+        for count in range(1, len(events) + 1):
+            meter.consume(events[:count])
+        grid = range(0, 100)
+        inside = lambda ms, names: any(  # noqa: E731
+            e.name in names and e.start_ns <= ms * MS < e.end_ns for e in events
+        )
+        exposed = sum(1 for ms in grid if inside(ms, ("wait",)) and not inside(ms, ("render", "backward", "publish")))
+        assert meter.metrics().exposed_wait_s == pytest.approx(exposed / 1000)
 
 
 def test_reruns_conflicts_and_stale_reads_from_counters() -> None:
