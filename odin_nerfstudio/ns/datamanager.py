@@ -58,7 +58,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
-from odin_nerfstudio.scheduling.regions import COST_ORDERS, REGIONAL, OrderOption, resolved_order, view_keys
+from odin_nerfstudio.scheduling.regions import REGIONAL, OrderOption, resolved_order, view_keys
 
 if TYPE_CHECKING:
     from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
@@ -121,12 +121,6 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
                 "the same number of the schedule's workers; leave num_workers unset to use the world size"
             )
         order = resolved_order(self.schedule_order, self.sharded, workers)
-        if self.rebalance_every and order not in COST_ORDERS:
-            raise ValueError(
-                f"--pipeline.datamanager.rebalance-every {self.rebalance_every}: re-balancing runs in the rlg, random "
-                "and regions orders (the halves order sweeps its regions in space order, not by cost); pass "
-                "--pipeline.datamanager.schedule-order regions or rlg, or leave rebalance-every at 0"
-            )
         return ScheduleConfig(
             num_workers=workers,
             views_per_worker=self.views_per_step,

@@ -22,7 +22,8 @@ steps alternate between its two halves: at even global steps every worker trains
 half, at odd ones of its region in the second (:func:`halves_steps`). Consecutive steps then share rows only across
 the one border between the halves (the same city: none of 39 steps holds a task that reads the step before's rows).
 What it costs: each half lies in half of the shards, so at each step half the owners serve two workers each, and one
-of the two reads from the other's shard (``docs/architecture.md``, "Sharded Gaussians").
+of the two reads from the other's shard (``docs/architecture.md``, "Sharded Gaussians"). Each half's regions take
+their views from cost bands in turn where the sweep alone leaves the steps uneven, as the regional order's do.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ Order = Literal["rlg", "random", "regions", "halves"]
 two halves."""
 REGIONAL: tuple[Order, ...] = ("regions", "halves")
 """The orders that need each view's regional key (:func:`view_keys`)."""
-COST_ORDERS: tuple[Order, ...] = ("rlg", "random", "regions")
-"""The orders that place views by their costs, so that a schedule re-balanced by measured costs follows them (the
-halves order sweeps its regions in space order)."""
 OrderOption = Literal["auto", "rlg", "random", "regions", "halves"]
 """An order as the options name it (``--pipeline.datamanager.schedule-order``, ``odin-simulate --schedule-order``)."""
 
@@ -110,7 +108,7 @@ def epoch_steps(
     global step, which the halves order alternates by; ``cost`` and ``tolerance``: the views' costs and the cost
     bands' spread, :func:`cost_banded`, for the regions order)."""
     if order == "halves":
-        return halves_steps(regions, views_per_worker, rng, first_step)
+        return halves_steps(regions, views_per_worker, rng, first_step, cost, tolerance)
     return regional_steps(regions, views_per_worker, rng, cost, tolerance)
 
 
@@ -201,7 +199,12 @@ def _aligned_balance(orders: list[np.ndarray], cost: np.ndarray, per_worker: int
 
 
 def halves_steps(
-    regions: list[np.ndarray], views_per_worker: int, rng: np.random.Generator, first_step: int
+    regions: list[np.ndarray],
+    views_per_worker: int,
+    rng: np.random.Generator,
+    first_step: int,
+    cost: np.ndarray | None = None,
+    tolerance: float | None = None,
 ) -> list[list[np.ndarray]]:
     """An epoch's steps in the halves order (see the module): ``regions``, 2W of them in key order; worker w trains
     region w (first half) at even global steps and region 2W - 1 - w (second half) at odd ones, ``views_per_worker`` a
@@ -211,12 +214,18 @@ def halves_steps(
     towards the border while the other sweeps away from it). Where its region of a step's half is spent (or holds fewer
     views than a step takes), a worker takes the other half's, so every worker trains all its views in ceil(views /
     ``views_per_worker``) steps: pairing region w with region 2W - 1 - w gives no worker more than ceil(V / W) views
-    (``numpy.array_split`` makes the first regions the larger), so an epoch keeps ceil(V / (W x B)) steps."""
+    (``numpy.array_split`` makes the first regions the larger), so an epoch keeps ceil(V / (W x B)) steps. Where
+    ``cost`` and ``tolerance`` are given, each half's regions, which share the steps, take their views from cost bands
+    in turn (:func:`cost_banded`), each band swept in key order: the sweep's rule holds band by band."""
     if len(regions) % 2:
         raise ValueError(f"the halves order needs an even number of regions, got {len(regions)}")
     workers = len(regions) // 2
     direction = 1 if rng.integers(2) else -1
-    pairs = [(regions[w][::direction], regions[2 * workers - 1 - w][::direction]) for w in range(workers)]
+    first, second = regions[:workers], regions[workers:][::-1]  # worker w's: regions w and 2W - 1 - w
+    halves = [[region[::direction] for region in half] for half in (first, second)]
+    if cost is not None and tolerance is not None:
+        halves = [cost_banded(half, cost, tolerance, views_per_worker) for half in halves]
+    pairs = list(zip(*halves))
     taken = [[0, 0] for _ in range(workers)]  # per worker, the views taken so far from each half
     longest = max((len(a) + len(b) for a, b in pairs), default=0)
     steps = []

@@ -37,7 +37,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Decision
 from odin_nerfstudio.runtime.runtime import OdinRuntime
-from odin_nerfstudio.scheduling.regions import COST_ORDERS, OrderOption, resolved_order
+from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.simulation.clock import VirtualClock
 from odin_nerfstudio.simulation.costs import CostModel
@@ -100,9 +100,6 @@ class SimulationConfig:
                 f"the sharded mode runs {', '.join(SHARDED_MODES)} on a rank per worker, got mode "
                 f"{self.runtime.mode!r} with {self.workers_per_process} workers per process"
             )
-
-        if self.rebalanced and self.schedule_config().order not in COST_ORDERS:
-            raise ValueError("a re-balanced schedule runs in the rlg, random or regions order, not in halves")
 
     def schedule_config(self) -> ScheduleConfig:
         """The schedule's W, B, K, seed and order."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from odin_nerfstudio.scenes.citygen import street_point_sets
-from odin_nerfstudio.scheduling.balance import steps_balance
+from odin_nerfstudio.scheduling.balance import mean_balance, steps_balance
 from odin_nerfstudio.scheduling.regions import (
     _aligned_balance,
     _band_counts,
@@ -129,6 +129,36 @@ def test_cost_bands_even_the_steps_that_a_regions_space_order_leaves_uneven() ->
     assert all(a is b for a, b in zip(cost_banded(strided_orders, even, 0.05, 1), strided_orders))
     steps = regional_steps(regions, 1, rng, cost, 0.05)
     assert max(cost[step[0]].sum() / cost[step[1]].sum() for step in steps) == 1.0
+
+
+def test_cost_bands_even_the_halves_steps_and_keep_their_sweep_band_by_band() -> None:
+    """Two workers, four regions of 40 views whose costs alternate along space: the halves order's steps, swept in
+    key order alone, pair costly and cheap views; banded, each half's regions take like costs at every step, each
+    worker still trains its own two regions in alternate halves, and each band is swept in key order (the direction
+    seeded), so the two regions at the border stay apart at consecutive steps."""
+    regions = [np.arange(40 * r, 40 * (r + 1)) for r in range(4)]
+    cost = np.where(np.arange(160) % 2 == 0, 1.0, 5.0)
+    cost[40:80] = cost[40:80][::-1]
+    cost[120:] = cost[120:][::-1]
+    swept = halves_steps(regions, 1, np.random.default_rng(0), 0)
+    banded = halves_steps(regions, 1, np.random.default_rng(0), 0, cost, 0.05)
+    def balance(steps: list[list[np.ndarray]]) -> float:
+        return mean_balance(np.array([[cost[views].sum() for views in step] for step in steps]))
+
+    assert balance(swept) > 1.2 and balance(banded) <= 1.05
+    for steps in (swept, banded):
+        assert len(steps) == 80
+        for worker, own in enumerate(([0, 3], [1, 2])):
+            taken = np.concatenate([step[worker] for step in steps])
+            assert sorted(taken.tolist()) == sorted(np.concatenate([regions[r] for r in own]).tolist())
+        assert all(np.concatenate(step).max() < 80 for step in steps[::2]), "even steps in the first half"
+    border = [int(banded[index][1][0]) for index in range(80)]  # worker 1: regions 1 and 2, at the border (80)
+    for band in (cost[border] == 1.0, cost[border] == 5.0):
+        parity = np.arange(80) % 2
+        first, second = np.array(border)[band & (parity == 0)], np.array(border)[band & (parity == 1)]
+        assert np.all(np.diff(first) * np.diff(second) > 0), "each band swept one way in both regions"
+    gaps = [abs(a - b) for a, b in zip(border, border[1:])]
+    assert min(gaps) >= 30, "a region's length apart, as in the sweep alone"
 
 
 def test_the_regional_schedule_follows_its_costs_predicted_or_measured() -> None:

@@ -73,9 +73,6 @@ def test_a_rebalanced_schedule_evens_the_modeled_costs_and_speeds_the_barrier() 
         plans = [simulation.schedule.epoch(epoch).steps for simulation in (predicted, rebalanced)]
         assert steps_balance(plans[1], modeled) < steps_balance(plans[0], modeled)
     assert rebalanced_result.views_per_s > predicted_result.views_per_s
-    SimulationConfig(OdinRuntimeConfig(mode="quality"), 2, sharded=True, rebalanced=True)  # the regions order
-    with pytest.raises(ValueError, match="re-balanced schedule runs in the rlg, random or regions order"):
-        SimulationConfig(OdinRuntimeConfig(mode="quality"), 16, sharded=True, rebalanced=True)  # the halves order
 
 
 def test_quality_is_faster_than_barrier_without_conflicts() -> None:
