@@ -106,7 +106,7 @@ def epoch_steps(
 ) -> list[list[np.ndarray]]:
     """An epoch's steps in a regional order, each a list of per-worker views (``first_step``: the epoch's first
     global step, which the halves order alternates by; ``cost`` and ``tolerance``: the views' costs and the cost
-    bands' spread, :func:`cost_banded`, for the regions order)."""
+    bands' spread, :func:`cost_banded`)."""
     if order == "halves":
         return halves_steps(regions, views_per_worker, rng, first_step, cost, tolerance)
     return regional_steps(regions, views_per_worker, rng, cost, tolerance)
