@@ -138,7 +138,7 @@ BANDS_ONE_BY_ONE = 32
 
 
 def cost_banded(
-    orders: list[np.ndarray], cost: np.ndarray, tolerance: float, per_worker: int
+    orders: list[np.ndarray], cost: np.ndarray, tolerance: float, per_worker: int, min_groups: int = MIN_BAND_GROUPS
 ) -> list[np.ndarray]:
     """The regions' views (``orders``: each region's strided order) taken from cost bands in turn where that evens
     out the steps: a barrier's step waits for its costliest worker, and a region's views taken in space order alone
@@ -151,10 +151,10 @@ def cost_banded(
     view where regions differ by one), and a worker's consecutive views come from different bands, apart in cost
     and, where cost follows place, in space. ``orders`` stay as they are where their steps' balance (max / mean
     worker cost) is already within ``1 + tolerance``; else the fewest bands that bring it within, or the most even
-    of at most enough bands to leave each ``MIN_BAND_GROUPS`` steps' worth of views in the smallest region (counts
+    of at most enough bands to leave each ``min_groups`` steps' worth of views in the smallest region (counts
     above :data:`BANDS_ONE_BY_ONE` on a geometric ladder)."""
     sizes = [len(order) for order in orders if len(order)]
-    most = max(1, min(sizes, default=0) // (MIN_BAND_GROUPS * per_worker))
+    most = max(1, min(sizes, default=0) // (min_groups * per_worker))
     # Each view's cost rank within its region, once: a band count only cuts the ranks differently.
     ranks = [np.argsort(np.argsort(cost[order], kind="stable"), kind="stable") for order in orders]
     best, best_balance = orders, _aligned_balance(orders, cost, per_worker)
@@ -216,7 +216,11 @@ def halves_steps(
     ``views_per_worker``) steps: pairing region w with region 2W - 1 - w gives no worker more than ceil(V / W) views
     (``numpy.array_split`` makes the first regions the larger), so an epoch keeps ceil(V / (W x B)) steps. Where
     ``cost`` and ``tolerance`` are given, each half's regions, which share the steps, take their views from cost bands
-    in turn (:func:`cost_banded`), each band swept in key order: the sweep's rule holds band by band."""
+    in turn (:func:`cost_banded`), each band swept in key order: the sweep's rule holds band by band. A band may be a
+    single step's views: a worker's consecutive steps lie in opposite halves, so its views need no spreading by the
+    bands (the regional order's ``MIN_BAND_GROUPS``). On citygen's 1,024-view city at 64 workers, whose regions hold
+    8 views, that took the simulated sharded barrier from 188.6 to 209.0 views/s and quality-first from 289.7 to
+    306.5 (BENCHMARKS.md, bench_simulate_sharded's pooled costs)."""
     if len(regions) % 2:
         raise ValueError(f"the halves order needs an even number of regions, got {len(regions)}")
     workers = len(regions) // 2
@@ -224,7 +228,7 @@ def halves_steps(
     first, second = regions[:workers], regions[workers:][::-1]  # worker w's: regions w and 2W - 1 - w
     halves = [[region[::direction] for region in half] for half in (first, second)]
     if cost is not None and tolerance is not None:
-        halves = [cost_banded(half, cost, tolerance, views_per_worker) for half in halves]
+        halves = [cost_banded(half, cost, tolerance, views_per_worker, min_groups=1) for half in halves]
     pairs = list(zip(*halves))
     taken = [[0, 0] for _ in range(workers)]  # per worker, the views taken so far from each half
     longest = max((len(a) + len(b) for a, b in pairs), default=0)

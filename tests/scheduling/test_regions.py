@@ -161,6 +161,17 @@ def test_cost_bands_even_the_halves_steps_and_keep_their_sweep_band_by_band() ->
     assert min(gaps) >= 30, "a region's length apart, as in the sweep alone"
 
 
+def test_the_halves_orders_bands_may_be_one_step_wide() -> None:
+    """Regions of 4 views (a 1,024-view city at 64 workers: 8) are too small for bands of MIN_BAND_GROUPS steps;
+    the halves order, whose worker's consecutive steps lie in opposite halves, bands them one step wide."""
+    regions = [np.arange(4 * r, 4 * (r + 1)) for r in range(4)]
+    cost = np.array([1.0, 2.0, 3.0, 4.0, 4.0, 3.0, 2.0, 1.0] * 2)
+    steps = halves_steps(regions, 1, np.random.default_rng(0), 0, cost, 0.05)
+    assert all(len({float(cost[views].sum()) for views in step}) == 1 for step in steps), "like costs in each step"
+    kept = cost_banded(regions[:2], cost, 0.05, 1)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, regions[:2])), "the regional order keeps its floor"
+
+
 def test_the_regional_schedule_follows_its_costs_predicted_or_measured() -> None:
     """The schedule in the regions order cut by uneven view costs: evener steps by those costs than the same
     schedule cut by even ones, and re-balanced by measured costs (``with_view_cost``) it follows them."""
