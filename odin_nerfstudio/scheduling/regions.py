@@ -50,10 +50,11 @@ OrderOption = Literal["auto", "rlg", "random", "regions", "halves"]
 
 HALVES_FROM = 16
 """The fewest workers for which ``auto`` picks the halves order in the sharded mode. Simulated on a 1,024-view city
-and street (BENCHMARKS.md, bench_simulate_sharded): at 8 workers sharded quality-first is within 6% either way in the
-two regional orders and the halves order's barrier is slower (half the workers read another shard), and 2 real ranks
-lost by it; at 16 and 64 the regional order's regions are too small to keep a worker's consecutive views apart and
-the halves order's quality-first is 1.1x to 1.5x faster."""
+and street (BENCHMARKS.md, bench_simulate_sharded, both orders in cost bands): at 4 workers sharded quality-first is
+as fast in either order and the halves order's barrier slower (half the workers read another shard); at 8 the halves
+order's quality-first is 8-10% faster and its barrier 0-6% slower, a gain within the simulator's validated error
+(15%), and 2 real ranks lost by it; at 16 and 64 the regional order's regions are too small to keep a worker's
+consecutive views apart and the halves order's quality-first is 1.2x to 1.4x faster."""
 
 
 def resolved_order(order: OrderOption, sharded: bool, num_workers: int) -> Order:
