@@ -141,12 +141,12 @@ BANDS_ONE_BY_ONE = 32
 def cost_banded(
     orders: list[np.ndarray], cost: np.ndarray, tolerance: float, per_worker: int, min_groups: int = MIN_BAND_GROUPS
 ) -> list[np.ndarray]:
-    """The regions' views (``orders``: each region's strided order) taken from cost bands in turn where that evens
-    out the steps: a barrier's step waits for its costliest worker, and a region's views taken in space order alone
-    may pair a view looking down a long street with one facing a wall (odin-synth's city at W = 2: max / mean
-    predicted worker cost 1.45 a step).
+    """The regions' views (``orders``: each region's order, strided or swept) taken from cost bands in turn where
+    that evens out the steps: a barrier's step waits for its costliest worker, and a region's views taken in space
+    order alone may pair a view looking down a long street with one facing a wall (odin-synth's city at W = 2:
+    max / mean predicted worker cost 1.45 a step).
 
-    Every region is cut at the same cost quantiles into the same number of bands, each in the region's strided
+    Every region is cut at the same cost quantiles into the same number of bands, each in the region's own
     order, and its steps take ``per_worker`` views from each band in turn (cheapest band first), so the k-th views
     of every region come from the same band (band edges at the same fraction of each region: off by at most one
     view where regions differ by one), and a worker's consecutive views come from different bands, apart in cost
