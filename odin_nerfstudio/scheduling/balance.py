@@ -172,14 +172,9 @@ def measured_view_cost(views: np.ndarray, seconds: np.ndarray, predicted: np.nda
     return times.view_cost(predicted)
 
 
-def worker_balance(loads: Sequence[float]) -> float:
-    """Max over mean worker cost of one step (1.0 is perfect; idle workers count as 0)."""
-    return mean_balance(np.asarray(loads, dtype=np.float64).reshape(1, -1))
-
-
 def mean_balance(loads: np.ndarray) -> float:
-    """:func:`worker_balance` of every step of ``loads`` [S, W] (per step, each worker's cost), averaged; 1.0 with
-    no step. One array op, for schedules of many steps."""
+    """Per step of ``loads`` [S, W] (each worker's cost), max over mean worker cost (1.0 is perfect; idle workers
+    count as 0), averaged over the steps; 1.0 with no step. One array op, for schedules of many steps."""
     if loads.shape[0] == 0:
         return 1.0
     mean = loads.mean(axis=1)
@@ -187,14 +182,15 @@ def mean_balance(loads: np.ndarray) -> float:
 
 
 def steps_balance(steps: Sequence[Any], cost: np.ndarray | None = None) -> float:
-    """:func:`worker_balance` averaged over the full steps of ``steps`` (the schedule's ``Step``s; all of them when
+    """:func:`mean_balance` of the full steps of ``steps`` (the schedule's ``Step``s; all of them when
     none is full), each worker's cost its ``worker_cost`` or, given ``cost`` [V], the sum over its views: a
     schedule's balance by the costs it was cut by, or by others (measured ones)."""
     size = max(sum(map(len, step.tasks)) for step in steps)
     full = [step for step in steps if sum(map(len, step.tasks)) == size]
     if cost is None:
-        return float(np.mean([worker_balance(step.worker_cost) for step in full]))
-    return float(np.mean([worker_balance([cost[list(views)].sum() for views in step.tasks]) for step in full]))
+        return mean_balance(np.array([step.worker_cost for step in full], dtype=np.float64))
+    loads = [[cost[list(views)].sum() for views in step.tasks] for step in full]
+    return mean_balance(np.array(loads, dtype=np.float64))
 
 
 def predicted_view_cost(

@@ -178,7 +178,7 @@ class Step:
 
     @property
     def balance(self) -> float:
-        """Max over mean worker cost (1.0 is perfect; idle workers count as 0: ``balance.worker_balance``)."""
+        """Max over mean worker cost (1.0 is perfect; idle workers count as 0: ``balance.mean_balance``)."""
         return steps_balance([self])
 
 
