@@ -28,6 +28,10 @@ from typing import Any
 
 import numpy as np
 
+BALANCE_TOLERANCE = 0.05
+"""The default largest relative cost spread of a step's views (``ScheduleConfig.balance_tolerance``): steps within
+1.05 max / mean worker cost, a barrier's workers finishing within 5% of each other."""
+
 MIN_BAND_GROUPS = 4
 """Fewest steps' worth of views (groups of S) in a cost band, unless ``FLOOR_SPREAD`` rules it out."""
 

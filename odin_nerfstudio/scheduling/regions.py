@@ -104,13 +104,14 @@ def epoch_steps(
     first_step: int,
     cost: np.ndarray | None = None,
     tolerance: float | None = None,
+    band_floor: int = MIN_BAND_GROUPS,
 ) -> list[list[np.ndarray]]:
     """An epoch's steps in a regional order, each a list of per-worker views (``first_step``: the epoch's first
-    global step, which the halves order alternates by; ``cost`` and ``tolerance``: the views' costs and the cost
-    bands' spread, :func:`cost_banded`)."""
+    global step, which the halves order alternates by; ``cost``, ``tolerance`` and ``band_floor``: the views' costs,
+    the cost bands' spread and the regions order's fewest steps a band, :func:`cost_banded`)."""
     if order == "halves":
         return halves_steps(regions, views_per_worker, rng, first_step, cost, tolerance)
-    return regional_steps(regions, views_per_worker, rng, cost, tolerance)
+    return regional_steps(regions, views_per_worker, rng, cost, tolerance, band_floor)
 
 
 def regional_steps(
@@ -119,13 +120,14 @@ def regional_steps(
     rng: np.random.Generator,
     cost: np.ndarray | None = None,
     tolerance: float | None = None,
+    band_floor: int = MIN_BAND_GROUPS,
 ) -> list[list[np.ndarray]]:
     """An epoch's steps, each a list of per-worker views: worker w takes the next ``views_per_worker`` of region w's
-    order (:func:`strided`, arranged in cost bands where ``cost`` and ``tolerance`` are given: :func:`cost_banded`;
-    fewer, or none, once the region is spent)."""
+    order (:func:`strided`, arranged in cost bands of at least ``band_floor`` steps where ``cost`` and ``tolerance``
+    are given: :func:`cost_banded`; fewer, or none, once the region is spent)."""
     ordered = [strided(region, rng) for region in regions]
     if cost is not None and tolerance is not None:
-        ordered = cost_banded(ordered, cost, tolerance, views_per_worker)
+        ordered = cost_banded(ordered, cost, tolerance, views_per_worker, band_floor)
     longest = max((len(region) for region in regions), default=0)
     return [
         [region[start : start + views_per_worker] for region in ordered]
@@ -158,12 +160,12 @@ def cost_banded(
     most = max(1, min(sizes, default=0) // (min_groups * per_worker))
     # Each view's cost rank within its region, once: a band count only cuts the ranks differently.
     ranks = [np.argsort(np.argsort(cost[order], kind="stable"), kind="stable") for order in orders]
-    best, best_balance = orders, _aligned_balance(orders, cost, per_worker)
+    best, best_balance = orders, aligned_balance(orders, cost, per_worker)
     for bands in _band_counts(most):
         if best_balance <= 1.0 + tolerance:
             break
         banded = [_in_turn(order, rank * bands // len(order), per_worker) for order, rank in zip(orders, ranks)]
-        balance = _aligned_balance(banded, cost, per_worker)
+        balance = aligned_balance(banded, cost, per_worker)
         if balance < best_balance:
             best, best_balance = banded, balance
     return best
@@ -191,7 +193,7 @@ def _in_turn(order: np.ndarray, band_of: np.ndarray, per_worker: int) -> np.ndar
     return order[np.lexsort((within % per_worker, band_of, within // per_worker))].astype(np.int64)
 
 
-def _aligned_balance(orders: list[np.ndarray], cost: np.ndarray, per_worker: int) -> float:
+def aligned_balance(orders: list[np.ndarray], cost: np.ndarray, per_worker: int) -> float:
     """The mean balance (``balance.mean_balance``) of the steps that take ``per_worker`` views from every one of
     ``orders`` (regions) at the same positions; 1.0 where no step takes from all."""
     steps = min((len(order) for order in orders), default=0) // per_worker

@@ -9,7 +9,7 @@ import pytest
 from odin_nerfstudio.scenes.citygen import street_point_sets
 from odin_nerfstudio.scheduling.balance import mean_balance, steps_balance
 from odin_nerfstudio.scheduling.regions import (
-    _aligned_balance,
+    aligned_balance,
     _band_counts,
     cost_banded,
     halves_steps,
@@ -121,9 +121,9 @@ def test_cost_bands_even_the_steps_that_a_regions_space_order_leaves_uneven() ->
     banded = cost_banded(strided_orders, cost, 0.05, 1)
     for region, order in zip(regions, banded):
         assert sorted(order.tolist()) == region.tolist()
-    uneven = _aligned_balance(strided_orders, cost, 1)
+    uneven = aligned_balance(strided_orders, cost, 1)
     assert uneven > 1.2, "the strided order pairs costly and cheap views"
-    assert _aligned_balance(banded, cost, 1) <= 1.05
+    assert aligned_balance(banded, cost, 1) <= 1.05
     assert np.array_equal(cost[banded[0]], cost[banded[1]]), "the k-th views of both regions cost alike"
     even = np.ones(80)
     assert all(a is b for a, b in zip(cost_banded(strided_orders, even, 0.05, 1), strided_orders))
@@ -186,6 +186,23 @@ def test_the_regional_schedule_follows_its_costs_predicted_or_measured() -> None
     assert steps_balance(banded.epoch(0).steps, uneven) < 1.1
     rebalanced = flat.with_view_cost(uneven)
     assert steps_balance(rebalanced.epoch(0).steps, uneven) == steps_balance(banded.epoch(0).steps, uneven)
+
+
+def test_a_band_floor_of_one_step_gives_the_regions_order_its_evenest_steps() -> None:
+    """``band_floor`` 1 with a tolerance of 0 (a barrier's evenest steps): bands one step wide pair each region's
+    k-th cheapest views, evener than the default floor's bands of four steps, which a region of 20 views caps at
+    five; a floor below one step is refused by name."""
+    sets, ids, xyz = street()
+    rlg = RelativeLocalityGraph.from_point_sets(sets)
+    keys = view_keys(sets, ids, xyz)
+    cost = np.random.default_rng(5).uniform(1.0, 6.0, size=40)
+    balance = {}
+    for floor in (4, 1):
+        config = ScheduleConfig(num_workers=2, seed=3, order="regions", balance_tolerance=0.0, band_floor=floor)
+        balance[floor] = steps_balance(Schedule(rlg, config, view_cost=cost, view_keys=keys).epoch(0).steps, cost)
+    assert balance[1] < balance[4] - 0.01, balance
+    with pytest.raises(ValueError, match="band_floor"):
+        ScheduleConfig(band_floor=0)
 
 
 def test_large_regions_try_band_counts_on_a_ladder() -> None:
