@@ -58,6 +58,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.ns.dataparser import OdinColmapDataParserConfig
+from odin_nerfstudio.scheduling.balance import BALANCE_TOLERANCE, MIN_BAND_GROUPS
 from odin_nerfstudio.scheduling.regions import REGIONAL, OrderOption, resolved_order, view_keys
 
 if TYPE_CHECKING:
@@ -97,7 +98,15 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     """Every N epochs, cut the later epochs' steps by the views' measured render + backward seconds (the ranks' own
     measurements, added up at the epoch's first step; Grendel balances by measured time), so that a barrier step's
     workers finish together; 0: by predicted costs throughout. Each run then trains its own schedule, so two runs
-    (quality-first and the barrier) are equal bit for bit only without it. The rlg and random orders only."""
+    (quality-first and the barrier) are equal bit for bit only without it."""
+    balance_tolerance: float = BALANCE_TOLERANCE
+    """Largest relative cost spread of the views one step groups (B = 1; B times it with B views per worker), by the
+    predicted costs or, with rebalance-every, the measured ones: the schedule takes the fewest cost bands that keep
+    its steps within 1 + it, since each band narrows where locality is sought; 0: the evenest steps the bands give."""
+    band_floor: int = MIN_BAND_GROUPS
+    """The regions order's fewest steps' worth of views in a cost band: 4 keeps a worker's consecutive views apart,
+    which quality-first reads ahead by; 1 (with balance-tolerance 0) gives a barrier its evenest steps
+    (`benchmarks/bench_band_replay.py` replays both on a run's measured renders)."""
     rlg_points: RlgPointSets = "in-view"
     """Which points stand for a view in the RLG: in-view, the SfM points it observes plus every point in its field
     of view (what the rasterizer draws, so what conflicts); observed, its track observations alone (the paper's RLG,
@@ -128,6 +137,8 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
             order=order,
             ring_size=self.ring_size,
             overlap_threshold=self.overlap_threshold,
+            balance_tolerance=self.balance_tolerance,
+            band_floor=self.band_floor,
         )
 
 

@@ -46,6 +46,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pipeline.datamanager.schedule_seed": _integer_at_least(0),
     "pipeline.datamanager.overlap_threshold": _number(lambda v: v >= 0, "a number >= 0"),
     "pipeline.datamanager.rebalance_every": _integer_at_least(0),
+    "pipeline.datamanager.balance_tolerance": _number(lambda v: v >= 0, "a number >= 0"),
+    "pipeline.datamanager.band_floor": _integer_at_least(1),
 }
 """Each checked option (its path in the trainer config) with its test and the allowed range in words (the runtime
 itself refuses ring slots < 1 and unknown modes while the command line is parsed)."""

@@ -31,7 +31,7 @@ from odin_nerfstudio.runtime.config import Mode, OdinRuntimeConfig
 from odin_nerfstudio.scheduling.regions import OrderOption
 from odin_nerfstudio.simulation.costs import CostModel, recorded_durations, recorded_sizes
 from odin_nerfstudio.simulation.interconnect import Collective, Interconnect
-from odin_nerfstudio.simulation.run_folder import read_run_settings
+from odin_nerfstudio.simulation.run_folder import RunSettings, read_run_settings
 from odin_nerfstudio.simulation.sharded import predict
 from odin_nerfstudio.simulation.simulator import SimulationConfig, SimulationResult
 from odin_nerfstudio.simulation.workload import Workload
@@ -144,16 +144,9 @@ def run(config: SimulateCliConfig) -> list[str]:
     return lines
 
 
-def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> list[str]:
-    """The first run simulated as it ran, beside what it measured."""
-    run = config.run[0]
-    settings = read_run_settings(run)
-    if settings.rebalance_every:
-        raise ValueError(
-            f"--replay: {run} re-balanced its schedule by measured costs (--pipeline.datamanager.rebalance-every "
-            f"{settings.rebalance_every}), whose epochs a replay does not rebuild; replay a run without it"
-        )
-    simulation = SimulationConfig(
+def replay_config(settings: RunSettings, remote_writes: str) -> SimulationConfig:
+    """The simulation of a run as it ran (its settings, ``read_run_settings``), ``remote_writes`` as asked."""
+    return SimulationConfig(
         runtime=OdinRuntimeConfig(
             mode=settings.mode,  # type: ignore[arg-type]
             ring_slots=settings.ring_slots,
@@ -163,11 +156,25 @@ def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> l
         views_per_worker=settings.views_per_worker,
         steps=settings.steps,
         workers_per_process=settings.num_workers // settings.processes,
-        remote_writes=config.remote_writes,
+        remote_writes=remote_writes,
         seed=settings.seed,
         sharded=settings.sharded,
         schedule_order=settings.schedule_order,  # type: ignore[arg-type]
+        balance_tolerance=settings.balance_tolerance,
+        band_floor=settings.band_floor,
     )
+
+
+def replay(config: SimulateCliConfig, costs: CostModel, workload: Workload) -> list[str]:
+    """The first run simulated as it ran, beside what it measured."""
+    run = config.run[0]
+    settings = read_run_settings(run)
+    if settings.rebalance_every:
+        raise ValueError(
+            f"--replay: {run} re-balanced its schedule by measured costs (--pipeline.datamanager.rebalance-every "
+            f"{settings.rebalance_every}), whose epochs a replay does not rebuild; replay a run without it"
+        )
+    simulation = replay_config(settings, config.remote_writes)
     interconnect = Interconnect.preset(settings.interconnect, "emulated", costs.base_s)
     sized = workload.with_sizes(recorded_sizes([run]))
     predicted = predict(sized, costs, interconnect, simulation, measured=recorded_durations([run]))

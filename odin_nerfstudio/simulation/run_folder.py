@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from odin_nerfstudio.core.timeline_metrics import rank_files
+from odin_nerfstudio.scheduling.balance import BALANCE_TOLERANCE, MIN_BAND_GROUPS
 
 
 class _TaggedLoader(yaml.SafeLoader):
@@ -52,6 +53,7 @@ class RunSettings:
         fetch_ahead: sharded quality-first's steps fetched ahead (1 in a run saved before the option existed).
         schedule_order: the datamanager's ``schedule_order`` (auto in a run saved before the option existed).
         rebalance_every: the datamanager's ``rebalance_every`` (0: the schedule by predicted costs throughout).
+        balance_tolerance, band_floor: the datamanager's cost bands (the defaults in a run saved before the options).
     """
 
     scene: Path
@@ -67,6 +69,8 @@ class RunSettings:
     fetch_ahead: int = 1
     schedule_order: str = "auto"
     rebalance_every: int = 0
+    balance_tolerance: float = BALANCE_TOLERANCE
+    band_floor: int = MIN_BAND_GROUPS
 
 
 def read_run_settings(run: Path) -> RunSettings:
@@ -98,6 +102,8 @@ def read_run_settings(run: Path) -> RunSettings:
             fetch_ahead=int(runtime.get("fetch_ahead", 1)),
             schedule_order=str(datamanager.get("schedule_order", "auto")),
             rebalance_every=int(datamanager.get("rebalance_every", 0)),
+            balance_tolerance=float(datamanager.get("balance_tolerance", BALANCE_TOLERANCE)),
+            band_floor=int(datamanager.get("band_floor", MIN_BAND_GROUPS)),
         )
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path} is not an odin-splat config: it lacks {error}") from None

@@ -37,6 +37,7 @@ from odin_nerfstudio.runtime.admission import POLICIES
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig, Topology
 from odin_nerfstudio.runtime.metering import Decision
 from odin_nerfstudio.runtime.runtime import OdinRuntime
+from odin_nerfstudio.scheduling.balance import BALANCE_TOLERANCE, MIN_BAND_GROUPS
 from odin_nerfstudio.scheduling.regions import OrderOption, resolved_order
 from odin_nerfstudio.scheduling.schedule import Schedule, ScheduleConfig
 from odin_nerfstudio.simulation.clock import VirtualClock
@@ -70,8 +71,9 @@ class SimulationConfig:
         schedule_order: the schedule's order, as ``--pipeline.datamanager.schedule-order`` (auto: the regional
             order when sharded, the locality schedule otherwise).
         rebalanced: the schedule cut by each view's modeled render + backward time (the cost model's, without the
-            drawn residuals), as ``--pipeline.datamanager.rebalance-every`` trains after its first epoch; the
-            replicated mode in the rlg and random orders only, as there.
+            drawn residuals), as ``--pipeline.datamanager.rebalance-every`` trains after its first epoch.
+        balance_tolerance, band_floor: the schedule's cost bands, as ``--pipeline.datamanager.balance-tolerance``
+            and ``--pipeline.datamanager.band-floor`` (``ScheduleConfig``'s).
     """
 
     runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
@@ -87,6 +89,8 @@ class SimulationConfig:
     sharded: bool = False
     schedule_order: OrderOption = "auto"
     rebalanced: bool = False
+    balance_tolerance: float = BALANCE_TOLERANCE
+    band_floor: int = MIN_BAND_GROUPS
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:
@@ -102,9 +106,12 @@ class SimulationConfig:
             )
 
     def schedule_config(self) -> ScheduleConfig:
-        """The schedule's W, B, K, seed and order."""
+        """The schedule's W, B, K, seed, order and cost bands."""
         order = resolved_order(self.schedule_order, self.sharded, self.num_workers)
-        return ScheduleConfig(self.num_workers, self.views_per_worker, self.seed, self.runtime.ring_slots, order=order)
+        return ScheduleConfig(
+            self.num_workers, self.views_per_worker, self.seed, self.runtime.ring_slots, order=order,
+            balance_tolerance=self.balance_tolerance, band_floor=self.band_floor,
+        )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import tyro
 from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
 
 from odin_nerfstudio.ns.options import OptionError, check_options, warn_if_step_exceeds_views
+from odin_nerfstudio.scheduling.balance import MIN_BAND_GROUPS
+from odin_nerfstudio.scheduling.schedule import ScheduleConfig
 
 BIN = Path(sys.executable).parent
 
@@ -48,6 +50,8 @@ def method_config(path: str, value: object):
         ("pipeline.datamanager.num_workers", 0, "--pipeline.datamanager.num-workers 0"),
         ("pipeline.datamanager.views_per_step", 0, "--pipeline.datamanager.views-per-step 0"),
         ("pipeline.datamanager.rebalance_every", -1, "--pipeline.datamanager.rebalance-every -1"),
+        ("pipeline.datamanager.balance_tolerance", -0.1, "--pipeline.datamanager.balance-tolerance -0.1"),
+        ("pipeline.datamanager.band_floor", 0, "--pipeline.datamanager.band-floor 0"),
     ],
 )
 def test_out_of_range_option_is_refused_naming_the_flag(path: str, value: object, flag: str) -> None:
@@ -103,3 +107,15 @@ def test_rebalancing_runs_in_either_mode_and_every_order() -> None:
     for order in ("rlg", "random", "regions", "halves"):
         datamanager.schedule_order = order
         assert datamanager.schedule_config(world_size=2).order == order
+
+
+def test_the_balance_options_reach_the_schedule() -> None:
+    """``--pipeline.datamanager.balance-tolerance`` and ``--pipeline.datamanager.band-floor`` (a barrier's evenest
+    steps: 0 and 1) are the schedule's; their defaults are the schedule's own."""
+    datamanager = method_config("pipeline.datamanager.band_floor", 1).pipeline.datamanager
+    datamanager.balance_tolerance = 0.0
+    check_options(method_config("pipeline.datamanager.band_floor", 1))
+    config = datamanager.schedule_config(world_size=2)
+    assert (config.balance_tolerance, config.band_floor) == (0.0, 1)
+    default = method_config("runtime.mode", "quality").pipeline.datamanager.schedule_config(world_size=2)
+    assert (default.balance_tolerance, default.band_floor) == (ScheduleConfig().balance_tolerance, MIN_BAND_GROUPS)

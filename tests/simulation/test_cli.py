@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import tyro
 
+from odin_nerfstudio.scheduling.balance import BALANCE_TOLERANCE, MIN_BAND_GROUPS
 from odin_nerfstudio.simulation import cli
 from odin_nerfstudio.simulation.run_folder import read_run_settings
 from tests.conftest import TESTS_DATA
@@ -82,6 +83,22 @@ def test_cli_simulates_a_rebalanced_schedule_and_refuses_to_replay_a_rebalanced_
     assert read_run_settings(run).rebalance_every == 1
     with pytest.raises(SystemExit, match="rebalance-every 1"):
         cli.main(["--run", str(run), "--replay"])
+
+
+def test_a_replay_rebuilds_the_runs_cost_bands(tmp_path: Path) -> None:
+    """A run's ``--pipeline.datamanager.balance-tolerance`` and ``band-floor`` (the defaults in a config saved
+    before them) reach the schedule a replay rebuilds."""
+    run = write_run(tmp_path / "run")
+    write_config(run, TESTS_DATA / "kermit_320")
+    settings = read_run_settings(run)
+    assert (settings.balance_tolerance, settings.band_floor) == (BALANCE_TOLERANCE, MIN_BAND_GROUPS)
+    config = run / "config.yml"
+    evenest = "    schedule_seed: 0\n    balance_tolerance: 0.0\n    band_floor: 1"
+    config.write_text(config.read_text().replace("    schedule_seed: 0", evenest))
+    settings = read_run_settings(run)
+    assert (settings.balance_tolerance, settings.band_floor) == (0.0, 1)
+    schedule = cli.replay_config(settings, "drawn").schedule_config()
+    assert (schedule.balance_tolerance, schedule.band_floor) == (0.0, 1)
 
 
 def test_a_sharded_simulation_schedules_in_the_regional_order_unless_told() -> None:
