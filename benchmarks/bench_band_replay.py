@@ -15,7 +15,8 @@ Input: run folders kept by ``bench_train.py --runs-dir`` in the regional order w
 the sharded variants' default), each with ``odin_schedule.json`` and ``odin_timeline_rank<r>.json``. A region is
 the views its worker trained in epoch 0 (the regional order keeps a worker's region), in epoch 0's order (the
 order within a band, as the schedule's strided order, only pairs views of like cost differently). Each view's cost
-in an epoch is its one render + backward there; an epoch counts where every view has one in it and the one before.
+in an epoch is its render + backward there, in seconds (``balance.ViewTimes``, as the re-balance measures it: the
+mean of its tasks); an epoch counts where every view has one in it and the one before.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import argparse
 import json
 import shlex
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +32,12 @@ import torch
 
 from _report import BENCHMARKS, machine, publish
 from odin_nerfstudio.core.timeline_metrics import events_from_chrome_trace, step_balance
-from odin_nerfstudio.scheduling.balance import MIN_BAND_GROUPS
+from odin_nerfstudio.scheduling.balance import BALANCE_TOLERANCE, MIN_BAND_GROUPS, ViewTimes
 from odin_nerfstudio.scheduling.regions import aligned_balance, cost_banded
 
 FLOORS = (MIN_BAND_GROUPS, 2, 1)
 """The band floors replayed (steps' worth of views a band holds at least), the shipped one first."""
-TOLERANCES = (0.05, 0.02, 0.0)
+TOLERANCES = (BALANCE_TOLERANCE, 0.02, 0.0)
 """The balance tolerances replayed (``ScheduleConfig.balance_tolerance``), the shipped one first."""
 
 
@@ -76,17 +76,15 @@ class ReplayedRun:
             events_from_chrome_trace(json.loads(trace.read_text()))
             for trace in sorted(folder.glob("odin_timeline_rank*.json"))
         ]
-        compute: dict[tuple[int, int], list] = defaultdict(lambda: [None, 0])  # (rank, step) -> [view, ns]
-        for rank, rank_events in enumerate(events):
-            for event in rank_events:
-                if event.name in ("render", "backward"):
-                    entry = compute[(rank, event.step)]
-                    entry[0] = event.args.get("view", entry[0])
-                    entry[1] += event.end_ns - event.start_ns
-        epochs = max(step for _, step in compute) // self.steps_per_epoch + 1
-        self.cost = np.full((epochs, int(schedule["num_views"])), np.nan)
-        for (_, step), (view, ns) in compute.items():
-            self.cost[step // self.steps_per_epoch, view] = ns / 1e6
+        spans = [event for rank in events for event in rank if event.name in ("render", "backward")]
+        epochs = max(event.step for event in spans) // self.steps_per_epoch + 1
+        per_epoch = [ViewTimes(int(schedule["num_views"])) for _ in range(epochs)]
+        for epoch, times in enumerate(per_epoch):
+            for name, count in (("render", True), ("backward", False)):  # a task's render, then more of it
+                mine = [e for e in spans if e.name == name and e.step // self.steps_per_epoch == epoch]
+                views = np.array([int(e.args["view"]) for e in mine], dtype=np.int64)
+                times.add(views, np.array([(e.end_ns - e.start_ns) / 1e9 for e in mine]), count)
+        self.cost = np.stack([np.where(t.count > 0, t.seconds / np.maximum(t.count, 1), np.nan) for t in per_epoch])
         self.measured = step_balance([[e for e in rank if e.step >= self.steps_per_epoch] for rank in events])
 
     def epochs(self) -> list[int]:
@@ -121,7 +119,8 @@ def report(command: str, runs: list[ReplayedRun]) -> str:
         "",
         "Each epoch e >= 1 of the runs cut again from epoch e - 1's measured render + backward times (as the "
         "re-balance cuts), its mean step balance (max / mean worker cost) by those times and on epoch e's own "
-        f"renders; the shipped cut is floor {MIN_BAND_GROUPS}, tolerance 0.05. Measured: the runs' own step "
+        f"renders; the shipped cut is floor {MIN_BAND_GROUPS}, tolerance {BALANCE_TOLERANCE}. Measured: the runs' "
+        "own step "
         "balance from epoch 1 on (`step_balance`), which the shipped row's replay should come near.",
     ]
     for scene in dict.fromkeys(scene_of(run) for run in runs):
@@ -133,9 +132,8 @@ def report(command: str, runs: list[ReplayedRun]) -> str:
         lines += ["|---|---|---|---|"]
         for floor in FLOORS:
             for tolerance in TOLERANCES:
-                planned, realised = zip(*(run.replay(floor, tolerance) for run in here))
-                flat = [np.concatenate([np.asarray(p) for p in pair]) for pair in (planned, realised)]
-                lines.append(f"| {floor} | {tolerance:.2f} | {flat[0].mean():.3f} | **{flat[1].mean():.3f}** |")
+                planned, realised = (sum(lists, []) for lists in zip(*(run.replay(floor, tolerance) for run in here)))
+                lines.append(f"| {floor} | {tolerance:.2f} | {np.mean(planned):.3f} | **{np.mean(realised):.3f}** |")
     return "\n".join(lines)
 
 

@@ -217,7 +217,7 @@ def test_bench_band_replay_recuts_a_kept_runs_epochs_and_judges_them_on_its_rend
         (run / f"odin_timeline_rank{rank}.json").write_text(json.dumps(timeline.chrome_trace()))
     (replayed,) = [replay.ReplayedRun(folder) for folder in replay.run_folders([tmp_path])]
     assert replay.scene_of(replayed) == "city" and replayed.epochs() == [1, 2]
-    assert [replayed.cost[1, view] for view in range(16)] == [cost[view] for view in range(16)]
+    assert [replayed.cost[1, view] for view in range(16)] == [cost[view] / 1e3 for view in range(16)]  # seconds
     events = [events_from_chrome_trace(json.loads((run / f"odin_timeline_rank{r}.json").read_text())) for r in (0, 1)]
     assert replayed.measured == step_balance([[e for e in rank if e.step >= 8] for rank in events]) > 1.2
     planned, realised = replayed.replay(1, 0.0)
