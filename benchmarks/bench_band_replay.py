@@ -9,7 +9,9 @@ bands of ``regions.cost_banded``: the fewest that bring the steps within the bal
 ``min_groups`` steps' worth of views (``balance.MIN_BAND_GROUPS``, so that a worker's consecutive views stay apart
 for quality-first's reads ahead). This replays, for every epoch e >= 1 of kept runs, the cut from epoch e - 1's
 measured times at each floor and tolerance, and gives its balance by those times and on epoch e's own renders: how
-far a tighter cut would take the barrier's measured balance, without a run per setting.
+far a tighter cut would take the barrier's measured balance, without a run per setting. Per scene it also gives how
+far a view's time moves from one epoch to the next and the balance that movement alone leaves, were it noise
+(:func:`noise_floors`): the floor under any cut by the epoch before's times.
 
 Input: run folders kept by ``bench_train.py --runs-dir`` in the regional order with one view per worker a step (B = 1,
 the sharded variants' default), each with ``odin_schedule.json`` and ``odin_timeline_rank<r>.json``. A region is
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -92,6 +95,13 @@ class ReplayedRun:
         views = np.concatenate(self.regions)
         return [e for e in range(1, len(self.cost)) if not np.isnan(self.cost[e - 1 : e + 1][:, views]).any()]
 
+    def changes(self) -> np.ndarray:
+        """Each view's log change of cost from epoch e - 1 to e, for every epoch e the replay judges, less that
+        epoch's mean change (the model's growth): how far a view's own time moves between two epochs."""
+        views = np.concatenate(self.regions)
+        moved = [np.log(self.cost[e, views] / self.cost[e - 1, views]) for e in self.epochs()]
+        return np.concatenate([change - change.mean() for change in moved]) if moved else np.empty(0)
+
     def replay(self, floor: int, tolerance: float) -> tuple[list[float], list[float]]:
         """Per epoch, the balance of the cut from the epoch before's costs, by those costs and on its own."""
         planned, realised = [], []
@@ -101,6 +111,15 @@ class ReplayedRun:
             planned.append(aligned_balance(banded, before, 1))
             realised.append(aligned_balance(banded, now, 1))
         return planned, realised
+
+
+def noise_floors(spread: float) -> tuple[float, float]:
+    """The mean balance (max / mean) of a step of two views under timing noise whose epoch-to-epoch log change has
+    standard deviation ``spread`` (s), to first order in s, were that change noise (independent per view and epoch):
+    two views of equal cost, 1 + s / sqrt(2 pi); two views equal by the epoch before's times, judged on the next
+    epoch's, 1 + s / sqrt(pi) (each time is its cost x exp(n), n ~ N(0, s^2 / 2); max / mean ~ 1 + |d| / 2 for
+    the log difference d of the two, whose sd is s in the first case and s sqrt(2) in the second)."""
+    return 1 + spread / math.sqrt(2 * math.pi), 1 + spread / math.sqrt(math.pi)
 
 
 def scene_of(run: ReplayedRun) -> str:
@@ -134,6 +153,16 @@ def report(command: str, runs: list[ReplayedRun]) -> str:
             for tolerance in TOLERANCES:
                 planned, realised = (sum(lists, []) for lists in zip(*(run.replay(floor, tolerance) for run in here)))
                 lines.append(f"| {floor} | {tolerance:.2f} | {np.mean(planned):.3f} | **{np.mean(realised):.3f}** |")
+        spread = float(np.concatenate([run.changes() for run in here]).std())
+        equal, by_before = noise_floors(spread)
+        lines += [
+            "",
+            f"Timing noise: a view's render + backward changes from one epoch to the next by s = {spread:.3f} "
+            "(standard deviation of the log change, less the epoch's mean). Were that change noise, independent per "
+            "view and "
+            f"epoch, a step of two views of equal cost would average {equal:.3f}, and a cut by the epoch before's "
+            f"times, however even on them, {by_before:.3f} on the next epoch's renders (`noise_floors`).",
+        ]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from odin_nerfstudio.core.timeline import Timeline
@@ -226,3 +227,26 @@ def test_bench_band_replay_recuts_a_kept_runs_epochs_and_judges_them_on_its_rend
     assert planned == realised and min(planned) > 1.05, "two bands a region leave unlike costs in a step"
     text = replay.report("python benchmarks/bench_band_replay.py x", [replayed])
     assert "Scene: city, 1 runs, 2 epochs replayed" in text and "| 1 | 0.00 | 1.000 | **1.000** |" in text
+    assert "by s = 0.000" in text and "would average 1.000" in text, "steady costs: no timing noise"
+    replayed.cost[2, :8] *= 1.1  # region 0's views 10% slower in epoch 2: a change of the epoch, not of a view
+    replayed.cost[2, 8] *= 1.5
+    changes = replayed.changes()
+    assert changes.shape == (32,) and abs(changes.mean()) < 1e-12
+    slowed = 16 + list(np.concatenate(replayed.regions)).index(8)  # epoch 2's changes follow epoch 1's 16
+    assert np.argmax(changes) == slowed and np.abs(changes[:16]).max() < 1e-12
+
+
+def test_band_replay_noise_floors_are_the_balance_of_noisy_steps() -> None:
+    """``noise_floors`` against steps drawn with its noise model: two views of equal cost, each timed as its cost x
+    exp(n), n ~ N(0, s^2 / 2) per view and epoch; the mean max / mean worker cost of a step on one epoch's times,
+    and on the next epoch's for views equal on the first."""
+    replay = load_band_replay()
+    spread, rng = 0.08, np.random.default_rng(0)
+    before, after = (np.exp(rng.normal(0.0, spread / np.sqrt(2), (400_000, 2))) for _ in range(2))
+
+    def balance(times: np.ndarray) -> float:
+        return float(np.mean(times.max(axis=1) / times.mean(axis=1)))
+
+    equal, by_before = replay.noise_floors(spread)
+    assert abs(equal - balance(before)) < 1e-3 and abs(by_before - balance(after / before)) < 1e-3
+    assert by_before > equal > 1.0
