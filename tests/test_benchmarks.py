@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.core.timeline import Timeline
 from odin_nerfstudio.core.timeline_metrics import events_from_chrome_trace, step_balance
 from odin_nerfstudio.kernels import ops
@@ -179,12 +181,13 @@ def test_bench_quality_quick_trains_under_ns_train_and_torchrun_and_writes_nothi
         assert len(rows) == 2 and not [row for row in rows if "absent" in row], rows
 
 
-def load_band_replay():
-    """benchmarks/bench_band_replay.py as a module (it imports ``_report`` from its own folder)."""
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (it imports ``_report`` and other benchmarks from its own folder)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        spec = importlib.util.spec_from_file_location("bench_band_replay", ROOT / "benchmarks" / "bench_band_replay.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up while it runs
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
@@ -197,7 +200,7 @@ def test_bench_band_replay_recuts_a_kept_runs_epochs_and_judges_them_on_its_rend
     ``step_balance``'s, and cut again with one-step bands and no tolerance the steps pair equal costs (balance 1),
     where the shipped floor of four steps (two bands a region) cannot; at steady costs a cut's balance on the next
     epoch is its own."""
-    replay = load_band_replay()
+    replay = load_benchmark("bench_band_replay")
     cost = {view: 1.0 + (view % 8) for view in range(16)}  # region 0: views 0-7, region 1: 8-15, costs 1..8 each
     order = [[0, 9], [5, 14], [2, 11], [7, 8], [4, 13], [1, 10], [6, 15], [3, 12]]  # epoch 0: unlike costs paired
     steps = [{"index": i, "tasks": [[a], [b]]} for i, (a, b) in enumerate(order)]
@@ -240,7 +243,7 @@ def test_band_replay_noise_floors_are_the_balance_of_noisy_steps() -> None:
     """``noise_floors`` against steps drawn with its noise model: two views of equal cost, each timed as its cost x
     exp(n), n ~ N(0, s^2 / 2) per view and epoch; the mean max / mean worker cost of a step on one epoch's times,
     and on the next epoch's for views equal on the first."""
-    replay = load_band_replay()
+    replay = load_benchmark("bench_band_replay")
     spread, rng = 0.08, np.random.default_rng(0)
     before, after = (np.exp(rng.normal(0.0, spread / np.sqrt(2), (400_000, 2))) for _ in range(2))
 
@@ -250,3 +253,18 @@ def test_band_replay_noise_floors_are_the_balance_of_noisy_steps() -> None:
     equal, by_before = replay.noise_floors(spread)
     assert abs(equal - balance(before)) < 1e-3 and abs(by_before - balance(after / before)) < 1e-3
     assert by_before > equal > 1.0
+
+
+def test_bench_shard_bytes_places_rows_with_their_readers_in_equal_shards() -> None:
+    """``reader_owners``: each row goes to the worker whose tasks read it most, within shards of ceil(N / W) rows,
+    the rows read most one-sidedly first; a row that both read alike, or none, fills the shard with room left."""
+    shard_bytes = load_benchmark("bench_shard_bytes")
+    candidates = [torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1]), torch.tensor([3, 4])]
+    views = [Task(0, 0, 0, view, None) for view in range(3)]
+    sets = shard_bytes.Sets("toy", {"means": torch.zeros(6, 3)}, views, candidates, candidates, None, [])
+    # worker 0 reads views 0 and 1 (rows 0, 1 twice; 2, 3 once), worker 1 view 2 (rows 3, 4 once)
+    schedule = [[[Task(0, 0, 0, 0, None)], [Task(0, 1, 0, 2, None)]], [[Task(1, 0, 0, 1, None)], []]]
+    owner = shard_bytes.reader_owners(sets, schedule, 2)
+    assert owner.tolist() == [0, 0, 0, 1, 1, 1], "row 3 (read once by each) finds worker 0's shard full"
+    alone = [[[Task(0, 0, 0, 0, None)]], [[Task(1, 0, 0, 2, None)]]]
+    assert shard_bytes.reader_owners(sets, alone, 1).tolist() == [0] * 6
