@@ -371,6 +371,15 @@ def bookkeeping_cpu(run: ModeRun, renders: int) -> str:
     return f"{sum(c['bookkeeping_cpu_ns'] for c in run.counters) / 1e6 / max(renders, 1):.1f} ms"
 
 
+def projection_cpu(run: ModeRun, renders: int) -> str:
+    """Of the hooks' CPU time per task, the projections of views' predicted writes (``projection_cpu_ns``, once per
+    view and run, so their share per task falls as a run grows) and how many views were projected, over the ranks."""
+    if not all("projection_cpu_ns" in c for c in run.counters):
+        return "-"
+    cpu_ms = sum(c["projection_cpu_ns"] for c in run.counters) / 1e6 / max(renders, 1)
+    return f"{cpu_ms:.2f} ms ({sum(c['projections'] for c in run.counters)} views)"
+
+
 def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]]:
     """The table's rows for one variant (``barrier``: the barrier's runs on the same interconnect, round by round,
     for the ratios and the hidden wait)."""
@@ -421,6 +430,7 @@ def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]
         ),
         ("bookkeeping per task", f"{bookkeeping:.1f} ms"),
         ("bookkeeping per task, CPU time on the hooks' thread (the rest: off the CPU)", bookkeeping_cpu(run, renders)),
+        ("of it, other ranks' views' writes projected (once per view and rank: views)", projection_cpu(run, renders)),
         ("sharded: bytes sent per rank per step (to the collectives); rows served, fetched per step", shard_bytes(run)),
         ("sharded: rows served per rank, max / mean; render + backward per rank", owner_balance(run)),
         ("**held-out PSNR** (ns-eval, rank 0's checkpoint), median run", f"**{run.psnr:.2f} dB**"),

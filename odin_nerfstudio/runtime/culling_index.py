@@ -7,6 +7,7 @@ and checked against the unpublished writes in the same pass (the kernel op ``cul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from odin_nerfstudio.core.tasks import Task, TaskKey
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
 from odin_nerfstudio.kernels import ops
 from odin_nerfstudio.runtime.adapter import RenderAdapter
+from odin_nerfstudio.runtime.metering import Meter
 from odin_nerfstudio.runtime.reads import DrawableFn
 
 
@@ -149,14 +151,13 @@ class RemoteTasks:
     serve as well as a fresh projection of every row in its frustum, at the cost of a dictionary look-up.
     """
 
-    def __init__(self, index: CullingIndex, predict: Callable[[Task], Tensor] | None = None) -> None:
+    def __init__(self, index: CullingIndex, meter: Meter, predict: Callable[[Task], Tensor] | None = None) -> None:
         self.index = index
+        self.meter = meter
         self.predict = predict if predict is not None else index.candidates
         self._tasks: dict[int, list[Task]] = {}
         self._rows: dict[int, Tensor] = {}
         self._by_view: dict[int, Tensor] = {}
-        self.projections = 0
-        """How many views' writes were projected (not known from a render or an earlier prediction)."""
 
     def expect(self, tasks: Sequence[Task]) -> None:
         """Add tasks not read yet: other processes' tasks, or this process's own that a later step's read runs
@@ -183,10 +184,12 @@ class RemoteTasks:
         return writes
 
     def _predicted(self, task: Task) -> Tensor:
-        """The view's known rows, else its projection (kept for the view's next task)."""
+        """The view's known rows, else its projection (kept for the view's next task), counted with its CPU time
+        (``RuntimeCounters.projections``, ``projection_cpu_ns``)."""
         if task.view not in self._by_view:
+            start = time.thread_time_ns()
             self._by_view[task.view] = self.predict(task)
-            self.projections += 1
+            self.meter.add(projections=1, projection_cpu_ns=time.thread_time_ns() - start)
         return self._by_view[task.view]
 
     def remap(self, index_map: Tensor) -> None:

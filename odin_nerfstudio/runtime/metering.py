@@ -103,6 +103,10 @@ class RuntimeCounters:
         bookkeeping_cpu_ns: the CPU time of the same spans on their thread (``time.thread_time_ns``), less that of
             the same re-runs and transport calls: the hooks' own work. Wall time above it is time the thread was
             off the CPU (other processes, the exchange's progress thread) or, on CUDA, waited for the device.
+        projections: views whose writes :class:`~odin_nerfstudio.runtime.culling_index.RemoteTasks` projected
+            (a view another process runs, or this one's own not rendered here yet: once per view and run).
+        projection_cpu_ns: the CPU time of those projections, part of ``bookkeeping_cpu_ns``: a cost per view and
+            run, where the rest of the hooks' time is per task.
         render_ns: wall time in ``render_fn``, re-runs included.
         backward_ns: wall time in ``loss.backward()``, re-runs included.
         comm_ns: wall time inside the transport's calls (``start_exchange``, a handle's ``done`` and ``wait``),
@@ -130,6 +134,8 @@ class RuntimeCounters:
     locked_rereads: int = 0
     bookkeeping_ns: int = 0
     bookkeeping_cpu_ns: int = 0
+    projections: int = 0
+    projection_cpu_ns: int = 0
     render_ns: int = 0
     backward_ns: int = 0
     comm_ns: int = 0

@@ -115,7 +115,7 @@ class OdinRuntime:
         self.policy = POLICIES[config.mode].of(config)
         finder = None if visibility_fn is None else escape_finder(visibility_fn, self.index, params)
         drawn = drawn_finder(visibility_fn, self.index, params) if isinstance(visibility_fn, EscapeCheck) else None
-        self.remote = RemoteTasks(self.index, drawn)
+        self.remote = RemoteTasks(self.index, self.meter, drawn)
         self.validator = Validator(config.ring_slots, self.index, finder, drawable)
         self.log = ReadLog(config.record_reads)
         self.exchange = ExchangeBook(transports, self.topology.views_per_worker, self.meter)

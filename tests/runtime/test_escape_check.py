@@ -227,16 +227,17 @@ def test_a_view_rendered_here_is_predicted_by_its_active_rows_and_projected_once
     again = Task(2, 0, 0, first.view, first.camera)
     runtime.expect([again])
     (predicted,) = runtime.remote.writes(before_step=3, published_through=0)
-    assert torch.equal(predicted.rows, staged) and runtime.remote.projections == 0
+    assert torch.equal(predicted.rows, staged) and runtime.counters.projections == 0
     other = next(task for step in schedule for (task,) in step if task.view != first.view)
     later = [Task(s, 0, 0, other.view, other.camera) for s in (5, 6)]
     runtime.expect(later)
     writes = runtime.remote.writes(before_step=7, published_through=0)
-    assert runtime.remote.projections == 1 and torch.equal(writes[1].rows, writes[2].rows)
+    assert runtime.counters.projections == 1 and torch.equal(writes[1].rows, writes[2].rows)
+    assert runtime.counters.projection_cpu_ns > 0, "the projection's CPU time is counted"
     runtime.remap(torch.arange(runtime.num_primitives))
     runtime.expect([Task(7, 0, 0, other.view, other.camera)])
     carried = runtime.remote.writes(before_step=8, published_through=0)[-1].rows
-    assert runtime.remote.projections == 1  # carried through the remap (core/tables.remap_row_sets), not projected
+    assert runtime.counters.projections == 1  # carried through the remap (core/tables.remap_row_sets), not projected
     assert torch.equal(carried, runtime.remote.predict(later[0]))  # nothing published since its projection
 
 
