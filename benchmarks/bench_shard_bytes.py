@@ -17,8 +17,10 @@ steps of Odin's schedule (RLG, B = 1) for each W. C(t): the runtime's culling (`
 margin and near plane); A(t): the rows the rasterizer draws (``drawn_rows``). Placements: ``odin`` (cut by load over
 every view's candidate set, ``runtime/ownership.py``, and each step's workers placed, ``runtime/placement.py``),
 ``zorder`` (the same cut, worker w on rank w), ``random`` (rows dealt to ranks by a seeded permutation, worker w on
-rank w). Replicated: the bytes the gradient exchange sends per rank (``ExchangeShape.predict``, the transport's own
-model, of each rank's union of A(t) and its statistics; the cheapest of sparse / union / dense by bytes).
+rank w), ``by readers`` (each row on the worker whose tasks read it most, equal shards: ``reader_owners``, what a
+placement knowing every read could give; not the runtime's). Replicated: the bytes the gradient exchange sends per
+rank (``ExchangeShape.predict``, the transport's own model, of each rank's union of A(t) and its statistics; the
+cheapest of sparse / union / dense by bytes).
 
 Check (``--check-steps``): the sharded barrier itself, W threads of one process over ``VirtualRowExchange`` with the
 learning rate at 0 (rows stay where the model has them), on the street at W = 2 and 4 with the ``odin`` placement;
