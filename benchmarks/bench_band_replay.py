@@ -139,8 +139,7 @@ def report(command: str, runs: list[ReplayedRun]) -> str:
         "Each epoch e >= 1 of the runs cut again from epoch e - 1's measured render + backward times (as the "
         "re-balance cuts), its mean step balance (max / mean worker cost) by those times and on epoch e's own "
         f"renders; the shipped cut is floor {MIN_BAND_GROUPS}, tolerance {BALANCE_TOLERANCE}. Measured: the runs' "
-        "own step "
-        "balance from epoch 1 on (`step_balance`), which the shipped row's replay should come near.",
+        "own step balance from epoch 1 on (`step_balance`), which the shipped row's replay should come near.",
     ]
     for scene in dict.fromkeys(scene_of(run) for run in runs):
         here = [run for run in runs if scene_of(run) == scene]
@@ -159,9 +158,8 @@ def report(command: str, runs: list[ReplayedRun]) -> str:
             "",
             f"Timing noise: a view's render + backward changes from one epoch to the next by s = {spread:.3f} "
             "(standard deviation of the log change, less the epoch's mean). Were that change noise, independent per "
-            "view and "
-            f"epoch, a step of two views of equal cost would average {equal:.3f}, and a cut by the epoch before's "
-            f"times, however even on them, {by_before:.3f} on the next epoch's renders (`noise_floors`).",
+            f"view and epoch, a step of two views of equal cost would average {equal:.3f}, and a cut by the epoch "
+            f"before's times, however even on them, {by_before:.3f} on the next epoch's renders (`noise_floors`).",
         ]
     return "\n".join(lines)
 

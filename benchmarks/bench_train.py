@@ -363,21 +363,25 @@ def behind(run: ModeRun) -> str:
     return f"{sum(c['read_behind'] for c in run.counters)}; {sum(c['behind_conflicts'] for c in run.counters)}"
 
 
+def ms_per_task(run: ModeRun, counter: str, renders: int) -> float | None:
+    """A nanosecond counter summed over the ranks, in ms per task; None where the counters do not hold it."""
+    if not all(counter in c for c in run.counters):
+        return None
+    return sum(c[counter] for c in run.counters) / 1e6 / max(renders, 1)
+
+
 def bookkeeping_cpu(run: ModeRun, renders: int) -> str:
     """The hooks' CPU time per task over the ranks (``bookkeeping_cpu_ns``; "-" where the counters hold none): with
     the wall time beside it, it tells the hooks' own work from time their thread spent off a shared CPU."""
-    if not all("bookkeeping_cpu_ns" in c for c in run.counters):
-        return "-"
-    return f"{sum(c['bookkeeping_cpu_ns'] for c in run.counters) / 1e6 / max(renders, 1):.1f} ms"
+    cpu_ms = ms_per_task(run, "bookkeeping_cpu_ns", renders)
+    return "-" if cpu_ms is None else f"{cpu_ms:.1f} ms"
 
 
 def projection_cpu(run: ModeRun, renders: int) -> str:
     """Of the hooks' CPU time per task, the projections of views' predicted writes (``projection_cpu_ns``, once per
     view and run, so their share per task falls as a run grows) and how many views were projected, over the ranks."""
-    if not all("projection_cpu_ns" in c for c in run.counters):
-        return "-"
-    cpu_ms = sum(c["projection_cpu_ns"] for c in run.counters) / 1e6 / max(renders, 1)
-    return f"{cpu_ms:.2f} ms ({sum(c['projections'] for c in run.counters)} views)"
+    cpu_ms = ms_per_task(run, "projection_cpu_ns", renders)
+    return "-" if cpu_ms is None else f"{cpu_ms:.2f} ms ({sum(c['projections'] for c in run.counters)} views)"
 
 
 def mode_rows(variant: Variant, barrier: Variant | None) -> list[tuple[str, str]]:
@@ -517,9 +521,8 @@ def report(args: argparse.Namespace, command: str, runs: list[ModeRun]) -> str:
             + ". Figures as `odin_nerfstudio.core.timeline_metrics` defines them; ratios are taken against the barrier "
             "of the variant's kind and schedule (sharded variants against `sharded-barrier`, the `-locality`, "
             "`-halves`, `-candidates`, `-rebalanced` and `-evenest` ones against the barrier of the same suffix). At "
-            "equal "
-            "compute: each run's share of its own wait-free bound over the barrier's, which factors out how fast the "
-            "machine computed in each run."
+            "equal compute: each run's share of its own wait-free bound over the barrier's, which factors out how fast "
+            "the machine computed in each run."
         ),
     ]
     for scene in dict.fromkeys(run.scene for run in runs):
@@ -538,8 +541,11 @@ def main(argv: list[str] | None = None) -> None:
     command = "python " + shlex.join(["benchmarks/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
     if args.runs_dir is not None:
         args.runs_dir.mkdir(parents=True, exist_ok=True)
-    kept = contextlib.nullcontext(str(args.runs_dir)) if args.runs_dir is not None else None
-    with kept or tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+    runs_dir = (
+        contextlib.nullcontext(str(args.runs_dir)) if args.runs_dir is not None
+        else tempfile.TemporaryDirectory(prefix="bench_train_")
+    )
+    with runs_dir as tmp:
         folder = Path(tmp)
         plans = [(make_street(args, folder), args.modes)]
         if args.city:
