@@ -148,7 +148,7 @@ class ShardedLoop:
     def place(self, views: Sequence[Task]) -> None:
         """Place the workers by rows owned (``runtime/placement.py``): every owner counts its rows in each view's
         candidate set (``views``: one task per training view) and every rank gets every owner's counts; on every
-        rank at once, after the shards are cut or re-cut, with no step begun."""
+        rank at once, after the shards are cut or re-cut (the ranks' loads carried on), with no step begun."""
         if self._ranks_of:
             raise RuntimeError(f"placement with steps {sorted(self._ranks_of)} begun")
         seen = self.owner.rows_seen(views)
@@ -156,7 +156,7 @@ class ShardedLoop:
         counts = torch.zeros(size, dtype=torch.int64, device=seen.device)
         counts[torch.tensor([view.view for view in views], dtype=torch.int64, device=seen.device)] = seen
         parts = self._everyone(counts, "rows seen per view", -1)
-        self.placement = Placement(torch.stack(parts, dim=1))
+        self.placement = Placement(torch.stack(parts, dim=1), None if self.placement is None else self.placement.loads)
 
     @property
     def ring_slots(self) -> int:
