@@ -350,7 +350,7 @@ def report(
 
 
 def pace(rows: list[tuple[Workload, int, dict[str, SimulationResult]]]) -> str:
-    """The note on what sets sharded quality-first's pace at the largest W: its slowest rank's compute."""
+    """The note on sharded quality-first's bound at the largest W: its slowest rank's compute."""
     most = max(workers for _, workers, _ in rows)
     figures = []
     for workload, workers, results in rows:
@@ -358,15 +358,17 @@ def pace(rows: list[tuple[Workload, int, dict[str, SimulationResult]]]) -> str:
             run, barrier = results["sharded quality"], results["sharded barrier"]
             compute = [rank.compute_s for rank in run.processes]
             figures.append(
-                f"{workload.name.split(',')[0]} {max(compute) / np.mean(compute):.3f} "
-                f"({run.metrics.wait_free_views_per_s / barrier.views_per_s:.2f}x)"
+                f"{workload.name.split(',')[0]} {max(compute) / np.mean(compute):.3f}, "
+                f"{run.metrics.wait_free_views_per_s / barrier.views_per_s:.2f}x, {run.metrics.bound_share:.0%}"
             )
     return (
-        f"- At {most} workers sharded quality-first keeps pace with its slowest rank, whose compute over the mean "
-        f"rank's (and the bound it sets, over the sharded barrier's views/s) was: {'; '.join(figures)}. The "
-        "placement gives workers that read as many rows locally on any of several ranks to the ranks that have read "
-        "fewer candidate rows so far (`runtime/placement.py`), which evens out the views' predicted costs; what "
-        "remains is each task's drawn residual, which no placement by predicted costs knows ahead."
+        f"- At {most} workers sharded quality-first can go no faster than its slowest rank computes (its wait-free "
+        "bound). Per scene, that rank's compute over the mean rank's, the bound over the sharded barrier's views/s, "
+        f"and the share of the bound reached: {'; '.join(figures)}. Where the share is high, the slowest rank sets "
+        "the pace. The placement gives workers that read as many rows locally on any of several ranks to the ranks "
+        "that have read fewer candidate rows so far (`runtime/placement.py`), which evens out the views' predicted "
+        "costs; what remains of the spread is each task's drawn residual, which no placement by predicted costs "
+        "knows ahead. Where the share is low, the waits of the bullet above set it."
     )
 
 
