@@ -13,9 +13,10 @@ the workers read another rank's shard, and any of the ranks holding none of thei
 gives the costlier workers (more candidate rows, which a task's time grows with) to the ranks that have read fewer
 rows so far. A barrier's step waits for its slowest rank whatever the placement, but in a mode whose ranks run
 ahead of each other (quality-first) a rank handed the costlier views step after step sets the run's pace: on a
-simulated 1,024-view city at 64 workers, the ranks' modeled render time over 40 steps ranged to 1.049 times the mean
-by locality alone, and 1.009 with the ties broken so (BENCHMARKS.md, bench_simulate_sharded). Locality still comes
-first exactly: the balance term of a whole assignment is less than one row.
+simulated 1,024-view city at 64 workers, the slowest rank's render time over 40 steps at the fitted costs was 1.049
+times the mean rank's by locality alone, and 1.009 with the ties broken so (BENCHMARKS.md, bench_simulate_sharded's
+hand note on placement ties). Locality still comes first exactly: the balance term of a whole assignment is less
+than one row, so as many rows cross the link as by locality alone.
 """
 
 from __future__ import annotations
