@@ -16,9 +16,9 @@ from odin_nerfstudio.runtime.placement import Placement
 ROWS_OWNED = torch.tensor([[100, 0, 0, 0], [0, 100, 0, 0], [50, 0, 0, 0], [0, 30, 0, 0]])
 
 
-def step_workers(step: int, views: tuple[int, ...] = (0, 1, 2, 3)) -> list[list[Task]]:
-    """One task a worker, worker w the view ``views[w]``."""
-    return [[Task(step, 0, 0, view, None)] for view in views]  # type: ignore[arg-type]
+def step_workers(step: int) -> list[list[Task]]:
+    """One task a worker, worker w view w."""
+    return [[Task(step, 0, 0, view, None)] for view in range(4)]  # type: ignore[arg-type]
 
 
 def local_rows(ranks: list[int], workers: list[list[Task]], rows_owned: torch.Tensor) -> int:
