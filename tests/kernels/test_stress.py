@@ -4,7 +4,9 @@ The model is built so that a torn read is visible: every row of the parameter ho
 times, and every publication applies the same gradient to all of a row's elements, so Adam keeps a row uniform
 (element-wise, the same operations on the same inputs). A gathered row whose elements differ mixes two
 versions. One thread publishes all rows over and over (publish_adam), the other gathers them (gather_rows); torch
-releases the GIL inside both ops, so they overlap on two cores. With the locks, rows caught mid-publication are
+releases the GIL inside both ops, so they overlap on two cores. The rows are wide so that both threads spend most of
+their time inside the ops rather than in Python under the GIL: with 512-wide rows a read met a locked row about once
+in a million, and a CI run read 3 million rows without meeting one; 8,192-wide rows meet thousands in seconds. With the locks, rows caught mid-publication are
 reported ``locked`` (and that count must be positive: the mechanism ran) and no other row is torn; with the
 locks switched off (``use_locks=False`` / ``check_locks=False``, the ops' debug switch) torn rows are found, so
 the test can fail.
@@ -21,9 +23,9 @@ from odin_nerfstudio.kernels import ops
 from tests.kernels.conftest import require_compiled
 
 ROWS = 16
-WIDTH = 512
-MIN_READS = 100_000
-MAX_READS = 3_000_000
+WIDTH = 8192
+MIN_READS = 20_000
+MAX_READS = 2_000_000
 
 
 def _race(locks: bool) -> dict[str, int]:
