@@ -74,6 +74,8 @@ from odin_nerfstudio.scenes.toy import splat
 NAME = "bench_shard_bytes"
 TARGET = 0.90
 """Odin's placement must send at least 90% fewer bytes than the Grendel-style placement (Gaian's figure)."""
+SPENT_BYTES = 8
+"""A rank's measured time on each of its returns where placed (one int64: ``drivers/placed_steps.SPENT``)."""
 INDEX, FLOAT = 8, 4
 """Bytes of an int64 index and of a float32 value."""
 
@@ -185,14 +187,16 @@ def rank_rows(sets: Sets, tasks: list[Task]) -> tuple[Tensor, Tensor]:
 
 def step_bytes(sets: Sets, schedule: list, owner: Tensor, placed: bool, workers: int) -> list[list[int]]:
     """Per step and rank, the bytes it sends to other ranks: its shard's rows fetched by others, its tasks'
-    gradient rows and statistics entries returned to other owners."""
+    gradient rows and statistics entries returned to other owners, and its measured time on every return (one
+    int64, ``drivers/placed_steps.py``). Placed by candidate rows, as a run places its first K steps (the later ones
+    count the ranks' measured times, which no model knows: the check runs K steps)."""
     fetch_row, return_row, entry = row_widths(sets.params)
     table = torch.stack([torch.bincount(owner[c], minlength=workers) for c in sets.candidates])
     placement = Placement(table) if placed else None
     out = []
     for step in schedule:
         tasks = by_rank(step, placement.ranks_of(step)) if placement is not None else step
-        sent = torch.zeros(workers, dtype=torch.int64)
+        sent = torch.full((workers,), SPENT_BYTES * (workers - 1) if placed else 0, dtype=torch.int64)
         for rank, rank_tasks in enumerate(tasks):
             if not rank_tasks:
                 continue
@@ -325,6 +329,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", default=BENCHMARKS, help="markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    if args.check_steps > OdinRuntimeConfig().ring_slots:
+        parser.error(f"--check-steps {args.check_steps}: at most K = {OdinRuntimeConfig().ring_slots}, the steps a run "
+                     "places by candidate rows alone (the model's placement)")
     if args.quick:
         args.workers, args.steps, args.check_steps, args.no_write = [2, 4], 4, 2, True
         args.street_gaussians, args.object_gaussians, args.street_length, args.object_views = 6000, 3000, 40.0, 16

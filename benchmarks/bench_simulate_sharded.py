@@ -23,6 +23,10 @@ the fastest of those barriers. The replicated ones run the locality order. Scene
 bench_simulate's scan-rig street and its dense ``odin-synth`` object (both from the runtime's culling, rows in Z-order
 as the runtime keeps them).
 
+Placement by measured time. On the first scene at the largest W, the sharded barrier and quality-first placed by the
+ranks' measured time (the default) and by candidate rows alone (``--runtime.placement-by-time False``), with equal
+ranks and with rank 0 computing ``STRAGGLER`` times slower (a slower device among equal ones).
+
 Usage: ``python benchmarks/bench_simulate_sharded.py [--runs-dir DIR] [--scenes city street object] [--workers 8 16 64]
 [--big-views 1024] [--predict-steps 40] [--real-modes barrier quality throughput] [--quick]``; ``--runs-dir`` keeps
 the real runs there and reuses those it finds; ``--quick`` shrinks everything (quality-first alone runs for real)
@@ -75,6 +79,8 @@ TARGET_ERROR = 0.15
 TARGET_SPEEDUP_64 = 1.5
 TARGET_HIDDEN = 0.70
 PAPER_SPEEDUP_64 = 1.89
+STRAGGLER = 1.3
+"""How many times slower rank 0 computes in the straggler runs."""
 
 
 @dataclass
@@ -204,6 +210,45 @@ def predict_all(workload: Workload, costs: CostModel, workers: int, steps: int) 
     return results
 
 
+def placement_runs(workload: Workload, costs: CostModel, workers: int, steps: int) -> dict[tuple, SimulationResult]:
+    """The sharded barrier and quality-first in the default order, placed by measured time and by candidate rows,
+    with equal ranks and with rank 0 :data:`STRAGGLER` times slower; keyed by (mode, by time, straggler)."""
+    link = Interconnect.preset("10gbe", "allgather", costs.base_s, workload.num_rows)
+    results = {}
+    for straggler in (1.0, STRAGGLER):
+        for by_time in (True, False):
+            for mode in ("barrier", "quality"):
+                runtime = OdinRuntimeConfig(mode=mode, placement_by_time=by_time)  # type: ignore[arg-type]
+                config = SimulationConfig(runtime, workers, 1, steps, sharded=True, straggler=straggler)
+                results[mode, by_time, straggler] = predict(workload, costs, link, config)
+    return results
+
+
+def placement_table(workload: Workload, workers: int, results: dict[tuple, SimulationResult]) -> list[str]:
+    """Views/s of the placement runs, quality-first over the barrier of the same placement, rank 0's compute."""
+
+    def cell(straggler: float, by_time: bool) -> str:
+        quality, barrier = results["quality", by_time, straggler], results["barrier", by_time, straggler]
+        compute = [rank.compute_s for rank in quality.processes]
+        return (
+            f"{barrier.views_per_s:.1f} | {quality.views_per_s:.1f} (**{quality.views_per_s / barrier.views_per_s:.2f}"
+            f"x**) | {compute[0] / np.mean(compute):.3f}, {max(compute) / np.mean(compute):.3f}"
+        )
+
+    name = workload.name.split(",")[0]
+    return [
+        "| placement | sharded barrier views/s | sharded quality views/s (over the barrier) | quality-first: rank 0's "
+        "compute, the slowest rank's, over the mean rank's |",
+        "|---|---|---|---|",
+        *(
+            f"| {name}, {workers} workers{', rank 0 ' + str(STRAGGLER) + 'x slower' if straggler != 1 else ''}: "
+            f"by {'measured time (default)' if by_time else 'candidate rows'} | {cell(straggler, by_time)} |"
+            for straggler in (1.0, STRAGGLER)
+            for by_time in (True, False)
+        ),
+    ]
+
+
 def validation_table(replays: list[Replay]) -> list[str]:
     """Predicted against measured views/s per real run."""
     lines = [
@@ -279,6 +324,7 @@ def report(
     replays: list[Replay],
     pooled: CostModel,
     rows: list[tuple[Workload, int, dict[str, SimulationResult]]],
+    placed: list[str],
     seconds: float,
     reused: list[str],
 ) -> str:
@@ -345,6 +391,14 @@ def report(
             + "."
         ),
         "",
+        (
+            "Placement by measured time: the sharded barrier and quality-first in that order, placed by the ranks' "
+            "measured time (every rank's rides on each step's return; `runtime/placement.py`) and by candidate rows "
+            f"alone, with equal ranks and with rank 0 computing {STRAGGLER}x slower than the others:"
+        ),
+        "",
+        *placed,
+        "",
         *notes(pooled, rows),
     ])
 
@@ -366,9 +420,9 @@ def pace(rows: list[tuple[Workload, int, dict[str, SimulationResult]]]) -> str:
         "bound). Per scene, that rank's compute over the mean rank's, the bound over the sharded barrier's views/s, "
         f"and the share of the bound reached: {'; '.join(figures)}. Where the share is high, the slowest rank sets "
         "the pace. The placement gives workers that read as many rows locally on any of several ranks to the ranks "
-        "that have read fewer candidate rows so far (`runtime/placement.py`), which evens out the views' predicted "
-        "costs; what remains of the spread is each task's drawn residual, which no placement by predicted costs "
-        "knows ahead. Where the share is low, the waits of the bullet above set it."
+        "that have spent less time so far, as measured (`runtime/placement.py`), which evens out the views' costs and "
+        "their drawn residuals in the steps after; it cannot move the workers that locality places. Where the share "
+        "is low, the waits of the bullet above set it."
     )
 
 
@@ -444,7 +498,10 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             rows.append((scene_workload, workers, predict_all(scene_workload, pooled, workers, args.predict_steps)))
             print(prediction_table(rows)[-1], flush=True)
-    text = report(args, command, replays, pooled, rows, time.perf_counter() - start, reused)
+    first, most = rows[0][0], max(workers for _, workers, _ in rows)
+    placed = placement_table(first, most, placement_runs(first, pooled, most, args.predict_steps))
+    print("\n".join(placed), flush=True)
+    text = report(args, command, replays, pooled, rows, placed, time.perf_counter() - start, reused)
     publish(NAME, text, None if args.no_write else args.output)
 
 

@@ -150,6 +150,8 @@ def test_bench_simulate_sharded_quick_replays_sharded_runs_and_predicts_without_
     assert "other regional order: sharded barrier" in result.stdout and "locality order:" in result.stdout
     assert "(halves) |" in result.stdout, "at 8 workers the regional order, beside it the halves order"
     assert "sharded quality-first can go no faster than its slowest rank computes" in result.stdout
+    assert "8 workers, rank 0 1.3x slower: by measured time (default) |" in result.stdout
+    assert "8 workers: by candidate rows |" in result.stdout
 
 
 def test_bench_escapes_quick_finds_no_escape_after_the_fix_and_writes_nothing(quick: Quick) -> None:

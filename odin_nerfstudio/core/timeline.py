@@ -111,3 +111,30 @@ class Timeline:
         path = Path(path)
         path.write_text(json.dumps(self.chrome_trace()))
         return path
+
+
+class StepTotals:
+    """Per step, the summed duration of a timeline's events of some names, each event taken once: what a rank spent
+    on a step's tasks, wherever they ran (its loop or a lane).
+
+    Args:
+        timeline: the events' timeline.
+        names: the events counted (a task's cost: "render", "backward").
+    """
+
+    def __init__(self, timeline: Timeline, names: tuple[str, ...]) -> None:
+        self.timeline, self.names = timeline, names
+        self._consumed = 0
+        self._ns: dict[int, int] = defaultdict(int)
+
+    def take(self, step: int) -> int:
+        """The nanoseconds of step ``step``'s events recorded so far, the step's and every earlier one's then
+        forgotten (no event may be recording meanwhile; those dropped from the timeline's window are lost)."""
+        timeline = self.timeline
+        for event in events_since(timeline.events, timeline.recorded, self._consumed):
+            if event.name in self.names:
+                self._ns[event.step] += event.end_ns - event.start_ns
+        self._consumed = timeline.recorded
+        for earlier in [s for s in self._ns if s < step]:
+            del self._ns[earlier]
+        return self._ns.pop(step, 0)

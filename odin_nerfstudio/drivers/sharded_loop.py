@@ -50,6 +50,7 @@ from odin_nerfstudio.core.batch_gain import AdaptiveGain
 from odin_nerfstudio.core.sparse import SparseUpdate
 from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.ahead_lane import AheadLane
+from odin_nerfstudio.drivers.placed_steps import PlacedSteps
 from odin_nerfstudio.drivers.fetched_ahead import (
     Ahead,
     Carrier,
@@ -64,7 +65,7 @@ from odin_nerfstudio.drivers.fetched_ahead import (
 )
 from odin_nerfstudio.drivers.sharded_gain import ShardedGain
 from odin_nerfstudio.runtime.lanes import LaneExecutor, ThreadExecutor
-from odin_nerfstudio.runtime.placement import Placement, by_rank
+from odin_nerfstudio.runtime.placement import Placement
 from odin_nerfstudio.runtime.resharding import restructure
 from odin_nerfstudio.runtime.shard_reader import FetchedStep, Reader
 from odin_nerfstudio.runtime.sharding import (
@@ -97,9 +98,6 @@ class ShardedLoop:
             the merged gradient's row norms (global-id order) and the ranks' tasks' norms (rank order), so every
             owner sets the gain the replicated publication sets, bit for bit.
         stale_fraction, stale_grad_ratio, max_staleness: throughput-first's bounds (``OdinRuntimeConfig``'s).
-        placement: whether each step's workers run on the ranks that own most of their rows
-            (``runtime/placement.py``; set by :meth:`place`), else worker w on rank w. The owners sum in worker
-            order either way.
         rates: the learning rates of the publications to come (a scheduler's), which bound how far the rows of
             the steps fetched ahead of may move; default: the current ones.
         settles: step -> whether something after it needs its synchronous state (a structural change, a
@@ -108,6 +106,8 @@ class ShardedLoop:
         executor: where the tasks run ahead render (a thread beside the loop's, or a simulation's virtual lane), so
             that the loop publishes and starts the next exchange when the return arrives, not when a render ends.
         fetch_ahead: quality-first's steps fetched ahead (``OdinRuntimeConfig.fetch_ahead``), at most K - 1.
+        placement_by_time: the placement evens out the ranks' measured time, each rank's riding on the returns
+            (``OdinRuntimeConfig.placement_by_time``), else their candidate rows.
     """
 
     owner: Owner
@@ -122,11 +122,11 @@ class ShardedLoop:
     stale_fraction: float = 0.2
     stale_grad_ratio: float = 0.2
     max_staleness: int = 4
-    placement: Placement | None = None
     settles: Callable[[int], bool] = lambda step: False
     rates: LearningRates | None = None
     executor: LaneExecutor = field(default_factory=lambda: ThreadExecutor(1))
     fetch_ahead: int = 1
+    placement_by_time: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in SHARDED_MODES:
@@ -141,59 +141,43 @@ class ShardedLoop:
         self._inflight: dict[int, CleanPart] = {}
         """Per step whose clean part is on its way, the exchange carrying it."""
         self._ahead: dict[int, Ahead] = {}
-        self._ranks_of: dict[int, list[int]] = {}
-        """Per step begun and not yet published, each schedule worker's rank."""
         self._lane = AheadLane(self.executor, self.rank, self.timeout_s)
+        self._placed = PlacedSteps(self.step_tasks, self.reader.meter.timeline, self.counters)
 
     def place(self, views: Sequence[Task]) -> None:
         """Place the workers by rows owned (``runtime/placement.py``): every owner counts its rows in each view's
         candidate set (``views``: one task per training view) and every rank gets every owner's counts; on every
         rank at once, after the shards are cut or re-cut (the ranks' loads carried on), with no step begun."""
-        if self._ranks_of:
-            raise RuntimeError(f"placement with steps {sorted(self._ranks_of)} begun")
         seen = self.owner.rows_seen(views)
         size = max((view.view for view in views), default=-1) + 1
         counts = torch.zeros(size, dtype=torch.int64, device=seen.device)
         counts[torch.tensor([view.view for view in views], dtype=torch.int64, device=seen.device)] = seen
         parts = self._everyone(counts, "rows seen per view", -1)
-        self.placement = Placement(torch.stack(parts, dim=1), None if self.placement is None else self.placement.loads)
+        lag = self.ring_slots if self.placement_by_time else None  # step s is placed once step s - K is published
+        self._placed.place(torch.stack(parts, dim=1), lag)
+
+    @property
+    def placement(self) -> Placement | None:
+        """Whether each step's workers run on the ranks that own most of their rows (``runtime/placement.py``; set
+        by :meth:`place`), else worker w on rank w. The owners sum in worker order either way."""
+        return self._placed.placement
 
     @property
     def ring_slots(self) -> int:
         """K, the steps the reader may hold staged at once."""
         return self.reader.shadow.ring_slots
 
-    def _tasks(self, step: int) -> list[list[Task]]:
-        """Step ``step``'s tasks per rank (each rank runs one schedule worker's, see ``placement``)."""
-        workers = self.step_tasks(step)
-        if self.placement is None:
-            return [list(tasks) for tasks in workers]
-        if step not in self._ranks_of:
-            self._ranks_of[step] = self.placement.ranks_of(workers)
-            self.counters.placed += int(self._ranks_of[step] != list(range(len(workers))))
-        return by_rank(workers, self._ranks_of[step])
-
-    def _worker_order(self, step: int, parts: Sequence[Rows]) -> list[Rows]:
-        """Per-rank ``parts`` of ``step`` re-ordered by the schedule worker each rank ran (the barrier's sum order)."""
-        ranks = self._ranks_of.get(step)
-        return list(parts) if ranks is None or not parts else [parts[rank] for rank in ranks]
-
-    def _worker(self, step: int) -> int:
-        """The schedule worker whose tasks this rank runs in ``step``."""
-        ranks = self._ranks_of.get(step)
-        return self.rank if ranks is None else ranks.index(self.rank)
-
     def iteration(self, step: int) -> None:
         """Run step ``step`` on this rank (see the module)."""
-        tasks = self._tasks(step)
+        tasks = self._placed.tasks(step)
         fetched, riding = self._fetch(step, tasks)  # later steps' clean parts culled, to ride on the return
         self._lane.join()
         for task in tasks[self.rank]:
             if task.index not in fetched.started:
                 self._run(fetched, task)
-        returns, stats, norms = self.reader.returns(step, self._worker(step))
+        returns, stats, norms = self.reader.returns(step, self._placed.worker(step, self.rank))
         self.counters.rows_returned += sum(int(piece["ids"].numel()) for piece in returns)
-        pieces = self._return_pieces(returns, stats, norms)
+        pieces = self._return_pieces(step, returns, stats, norms)
         for clean in riding:  # the clean parts of the steps after step + 1 ride on the return
             pieces = clean.pieces(pieces)
         carrier = self._start(pieces, f"return of step {step}")
@@ -208,7 +192,7 @@ class ShardedLoop:
         self._start_lane(step)
         by_rank = self._carried(carrier, step, "return")
         start = self.reader.meter.timeline.now()
-        parts = self._worker_order(step, by_rank)
+        parts = self._placed.worker_order(step, by_rank)
         received_stats = [side_of(part, "stats") for part in parts] if self.reader.keeps_stats else ()
         merged = self.owner.publish(step, [main_of(part) for part in parts], received_stats)
         self.reader.meter.timeline.record("publish", -1, step, start, {"rows": merged.rows.numel()})
@@ -219,7 +203,7 @@ class ShardedLoop:
         self._gain.published(step, merged, parts)
         if self.gain is not None and (self.settles(step) or step >= self.last_step):  # what follows needs its gain
             self._flush_gain()
-        self._ranks_of.pop(step, None)
+        self._placed.arrived(step, by_rank)
 
     def _start_ahead(self, step: int, fetch: list[Rows] | None) -> tuple[list[CleanPart], CleanPart | None]:
         """Cull the clean parts of the steps after ``step`` up to ``depth`` ahead (not past the last step nor across
@@ -276,7 +260,7 @@ class ShardedLoop:
             if rest_next and ahead_step > step + 1:
                 break
             ahead = self._ahead[ahead_step]
-            for task in self._tasks(ahead_step)[self.rank]:
+            for task in self._placed.tasks(ahead_step)[self.rank]:
                 if task.index in ahead.fetched.started:
                     continue
                 if ahead.fetched.unsure[task.index]:
@@ -303,11 +287,13 @@ class ShardedLoop:
         """Wait for the lane's renders and stop its thread (at the end of a run)."""
         self._lane.close()
 
-    def _return_pieces(self, returns: list[Rows], stats: list[Rows], norms: Tensor | None) -> list[Rows]:
-        """The return of a step to every owner: its gradient rows, and as side tables the tasks' statistics in the
-        owner's rows and, for the adaptive rule, the tasks' squared norms."""
+    def _return_pieces(self, step: int, returns: list[Rows], stats: list[Rows], norms: Tensor | None) -> list[Rows]:
+        """The return of ``step`` to every owner: its gradient rows, and as side tables the tasks' statistics in the
+        owner's rows, the rank's time spent on its tasks (where placed: ``RankLoads``) and, for the adaptive rule,
+        the tasks' squared norms."""
         if self.reader.keeps_stats:
             returns = [with_side(piece, "stats", entries) for piece, entries in zip(returns, stats, strict=True)]
+        returns = self._placed.with_spent(step, returns, self.owner.params["means"].device)
         return self._gain.task_norms(returns, norms)
 
     def _flush_gain(self) -> None:
@@ -329,7 +315,7 @@ class ShardedLoop:
         start = timeline.now()
         rows = self.owner.publish_early(step, own_part)
         timeline.record("publish", -1, step, start, {"rows": rows, "first": True})
-        culled = self.owner.cull_local(step + 1, self._tasks(step + 1), ahead.local)
+        culled = self.owner.cull_local(step + 1, self._placed.tasks(step + 1), ahead.local)
         served = self.owner.serve(culled)  # rows for this rank only: served and received here
         ahead.fetched.add([self._counted(served, served)[self.rank]], self.owner.params, ahead.local)
         self.counters.published_early += 1
@@ -350,7 +336,7 @@ class ShardedLoop:
         """Join the lane and check that no step after the last published one was begun (fetched ahead or placed),
         before ``what`` (a structural change, a re-balance of the schedule) changes what later steps read."""
         self._lane.join()
-        begun = sorted({*self._ahead, *self._inflight, *self._ranks_of})
+        begun = sorted({*self._ahead, *self._inflight, *self._placed.ranks_of})
         if begun:
             raise RuntimeError(f"{what}: steps {begun} were begun ahead of it")
 
@@ -422,7 +408,7 @@ class ShardedLoop:
         """Cull step ``step``'s clean part, before step - 1 is published, with each of its tasks' unsure flags (set
         where any owner may still send rows of it), and in throughput-first the rows a stale read would read;
         ``tag``: how it travels (:class:`CleanPart`). :meth:`_finish_clean` takes it once it is here."""
-        tasks = self._tasks(step)
+        tasks = self._placed.tasks(step)
         # Per publication before ``step``, the gain to bound its movement with where it is not set yet: the first
         # one's waits for the row norms riding on the exchange about to start, the later ones' for steps not
         # published yet.
@@ -444,7 +430,7 @@ class ShardedLoop:
         tables = [pending.tables(part) for part in self._carried(pending.carrier, step - 1, "fetch")]
         received = self._counted(pending.served, [rows for rows, _, _ in tables])
         doubts = [flags for _, flags, _ in tables]
-        tasks = self._tasks(step)
+        tasks = self._placed.tasks(step)
         # Early publication (quality-first, the step before the next to publish, its gain set): the same on
         # every rank, as are the flags, so every rank knows which tasks it settles.
         early = self.mode == "quality" and self.owner.published_through == step - 2 and self._gain.is_set

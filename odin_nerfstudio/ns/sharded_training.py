@@ -123,6 +123,7 @@ class ShardedTraining:
             last_step, runtime.wait_timeout_s, gain, runtime.stale_fraction, runtime.stale_grad_ratio,
             runtime.max_staleness, settles=lambda step: not trainer._may_run_ahead(step),
             rates=scheduled_rates(trainer.optimizers), fetch_ahead=runtime.fetch_ahead,
+            placement_by_time=runtime.placement_by_time,
         )  # fmt: skip
         self.loop.place(self.views())
         CONSOLE.log(f"Odin sharded: rank {self.rank} owns rows {cuts.range(self.rank)} of {cuts.num_rows}")

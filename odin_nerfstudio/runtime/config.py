@@ -27,6 +27,9 @@ class OdinRuntimeConfig:
             K - 1; more is taken as K - 1). 1 by the simulator's measure (``docs/architecture.md``, "Why
             quality-first stays exact"): a task culled further ahead must be clear of more unpublished steps'
             writes, and one task that is not makes every rank fetch its step's rest.
+        placement_by_time: sharded: among the placements of a step's workers that read as many rows locally, even out
+            the ranks' render + backward time as measured (every rank's figure rides on each step's return), else
+            their candidate rows (the same placement in every run); ``runtime/placement.py``.
         stale_fraction: t, the largest admitted |C n pending| / |C| (throughput).
         stale_grad_ratio: the admitted producer gradient magnitude, as a fraction of its active-set mean.
         max_staleness: the most steps a stale row may lag behind (throughput).
@@ -52,6 +55,7 @@ class OdinRuntimeConfig:
     mode: Mode = "quality"
     ring_slots: int = 4
     fetch_ahead: int = 1
+    placement_by_time: bool = True
     stale_fraction: float = 0.2
     stale_grad_ratio: float = 0.2
     max_staleness: int = 4

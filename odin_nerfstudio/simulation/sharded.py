@@ -261,7 +261,8 @@ class ShardedSimulation(Simulation):
         owner = Owner(
             params, optimizers, cuts, rank, adapter, runtime.candidate_margin, runtime.near_plane, index=index
         )  # type: ignore[arg-type]
-        modeled = ModeledRender(self.workload, self.clock, self.task_s, config.seed)
+        slower = config.straggler if rank == 0 else 1.0
+        modeled = ModeledRender(self.workload, self.clock, lambda task: slower * self.task_s(task), config.seed)
 
         def render(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, None]:
             if traces is not None:
@@ -274,6 +275,7 @@ class ShardedSimulation(Simulation):
             owner, reader, exchange.endpoint(rank), rank, self._every_rank, runtime.mode, config.steps - 1, TIMEOUT_S,
             None, runtime.stale_fraction, runtime.stale_grad_ratio, runtime.max_staleness,
             executor=VirtualLanes(self.clock), fetch_ahead=runtime.fetch_ahead,
+            placement_by_time=runtime.placement_by_time,
         )  # fmt: skip
 
 

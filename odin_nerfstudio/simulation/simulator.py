@@ -74,6 +74,8 @@ class SimulationConfig:
             drawn residuals), as ``--pipeline.datamanager.rebalance-every`` trains after its first epoch.
         balance_tolerance, band_floor: the schedule's cost bands, as ``--pipeline.datamanager.balance-tolerance``
             and ``--pipeline.datamanager.band-floor`` (``ScheduleConfig``'s).
+        straggler: rank 0's tasks take this many times their modeled time (a slower device among equal ones; the
+            sharded mode, whose placement can give it the cheaper views).
     """
 
     runtime: OdinRuntimeConfig = field(default_factory=OdinRuntimeConfig)
@@ -91,12 +93,15 @@ class SimulationConfig:
     rebalanced: bool = False
     balance_tolerance: float = BALANCE_TOLERANCE
     band_floor: int = MIN_BAND_GROUPS
+    straggler: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.views_per_worker < 1 or self.steps < 1:
             raise ValueError("a simulation needs W >= 1, B >= 1 and steps >= 1")
         if self.workers_per_process < 1 or self.num_workers % self.workers_per_process:
             raise ValueError(f"workers_per_process ({self.workers_per_process}) must divide W ({self.num_workers})")
+        if self.straggler <= 0 or (self.straggler != 1.0 and not self.sharded):
+            raise ValueError(f"straggler must be > 0, and other than 1 only in the sharded mode, got {self.straggler}")
         if self.remote_writes not in ("drawn", "candidates"):
             raise ValueError(f"remote_writes must be 'drawn' or 'candidates', got {self.remote_writes!r}")
         if self.sharded and (self.runtime.mode not in SHARDED_MODES or self.workers_per_process != 1):

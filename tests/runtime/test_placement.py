@@ -1,5 +1,6 @@
 """The sharded mode's placement (``runtime/placement.py``): rows read locally first, then the ranks' loads evened out
-among the placements that read as many rows locally."""
+among the placements that read as many rows locally, by candidate rows and, once every rank's measurement of a step
+has arrived, by the time the ranks measured."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from odin_nerfstudio.core.tasks import Task
-from odin_nerfstudio.runtime.placement import Placement
+from odin_nerfstudio.runtime.placement import Placement, RankLoads
 
 # Four views on four ranks: views 0 and 1 wholly on ranks 0 and 1 (100 rows each); views 2 and 3 (50 and 30 rows)
 # also on ranks 0 and 1, so that by locality they go to ranks 2 and 3, in either order (a tie).
@@ -41,9 +42,10 @@ def test_tied_workers_go_to_the_less_loaded_rank_so_the_loads_even_out() -> None
         assert ranks[:2] == [0, 1]
         of_the_costlier.append(ranks[2])
     assert set(of_the_costlier) == {2, 3}, "the tie was broken toward the less loaded rank"
-    assert placement.loads.tolist()[:2] == [1000.0, 1000.0]
-    assert abs(placement.loads[2] - placement.loads[3]) <= 50
-    assert placement.loads[2] + placement.loads[3] == 10 * 80
+    rows = placement.loads.rows
+    assert rows.tolist()[:2] == [1000.0, 1000.0]
+    assert abs(rows[2] - rows[3]) <= 50
+    assert rows[2] + rows[3] == 10 * 80
 
 
 def test_locality_comes_before_the_loads() -> None:
@@ -53,7 +55,7 @@ def test_locality_comes_before_the_loads() -> None:
     rows_owned[2, 2] = 1
     placement = Placement(rows_owned)
     assert all(placement.ranks_of(step_workers(step))[2] == 2 for step in range(10))
-    assert placement.loads[2] == 10 * 51 and placement.loads[3] == 10 * 30
+    assert placement.loads.rows[2] == 10 * 51 and placement.loads.rows[3] == 10 * 30
 
 
 def test_a_placement_made_again_carries_the_loads_on_and_steps_go_in_order() -> None:
@@ -66,4 +68,31 @@ def test_a_placement_made_again_carries_the_loads_on_and_steps_go_in_order() -> 
     with pytest.raises(ValueError, match="one step at a time, in order"):
         again.ranks_of(step_workers(1))
     with pytest.raises(ValueError, match="one value per rank"):
-        Placement(ROWS_OWNED, np.zeros(3))
+        Placement(ROWS_OWNED, RankLoads(3, None))
+
+
+def test_measured_time_steers_the_ties_once_every_rank_has_it() -> None:
+    """Rank 3 computes three times slower than the others. By rows alone the 50-row worker alternates between ranks
+    2 and 3; by measured time (lag 2: step s is placed by the measurements of steps s - 2 and before, the later ones
+    by rows) rank 3 is the more loaded from step 2 on, so the 50-row worker stays on rank 2. A placement whose lag's
+    measurement has not arrived is refused, since every rank must count the same measurements."""
+    slowness = np.array([1.0, 1.0, 1.0, 3.0])  # measured nanoseconds per candidate row on each rank
+    placement = Placement(ROWS_OWNED, RankLoads(4, lag=2))
+    by_rows = Placement(ROWS_OWNED)
+    measured, alternating = [], []
+    for step in range(12):
+        workers = step_workers(step)
+        ranks = placement.ranks_of(workers)
+        measured.append(ranks[2])
+        alternating.append(by_rows.ranks_of(workers)[2])
+        rows = np.zeros(4)
+        rows[ranks] = [int(ROWS_OWNED[task.view].sum()) for (task,) in workers]
+        placement.loads.measured(step, rows * slowness)
+    assert measured[:2] == alternating[:2], "before any measurement counts, placed by rows alone"
+    assert measured[2:] == [2] * 10 and set(alternating[2:]) == {2, 3}, "the slower rank got the cheaper worker"
+    assert placement.loads.counted_through == 9 and placement.loads.measured_ns[3] > placement.loads.measured_ns[2]
+    late = Placement(ROWS_OWNED, RankLoads(4, lag=2))
+    late.ranks_of(step_workers(0))
+    late.ranks_of(step_workers(1))
+    with pytest.raises(RuntimeError, match="measured time of step 0 has not arrived"):
+        late.ranks_of(step_workers(2))

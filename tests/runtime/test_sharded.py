@@ -310,7 +310,8 @@ def test_sharded_barrier_equals_the_replicated_barrier_bit_for_bit(workers: int)
 @pytest.mark.parametrize("workers", [2, 3])
 def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barrier(workers: int) -> None:
     """Each step's workers on the ranks owning most of their rows: the owners sum in worker order, so the model is
-    the replicated barrier's bit for bit; workers did move off their own ranks, and fewer rows crossed ranks."""
+    the replicated barrier's bit for bit; workers did move off their own ranks, and fewer rows crossed ranks. Every
+    rank's measured time came with the returns, the same on every rank, and the placements counted it."""
     schedule = make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0)
     cuts = ShardCuts.even(120, workers)
     reference = replicated_barrier(schedule, workers, 2)
@@ -318,6 +319,10 @@ def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barri
         placed, loops = sharded(schedule, cuts, mode, place=True)
         assert_identical(placed, reference)
         assert sum(loop.counters.placed for loop in loops) > 0, "the placement moved some step's workers"
+        counted = [loop.placement.loads for loop in loops]
+        assert all(loads.counted_through == STEPS - 1 - 4 for loads in counted), "placed by the measurements K before"
+        alike = [(loads.measured_ns == counted[0].measured_ns).all() for loads in counted]
+        assert all(alike) and counted[0].measured_ns.min() > 0, "every rank counted the same measured times"
     _, fixed = sharded(schedule, cuts, "barrier")
     _, moved = sharded(schedule, cuts, "barrier", place=True)
     remote = [sum(c.counters.rows_fetched - c.counters.rows_local for c in run) for run in (fixed, moved)]

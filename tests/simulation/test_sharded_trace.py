@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,7 +26,7 @@ from odin_nerfstudio.core.tasks import Task, view_tasks
 from odin_nerfstudio.drivers.sharded_loop import ShardedLoop
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 from odin_nerfstudio.runtime.metering import Decision, Meter
-from odin_nerfstudio.runtime.placement import Placement, by_rank
+from odin_nerfstudio.runtime.placement import Placement, RankLoads, by_rank
 from odin_nerfstudio.runtime.shard_reader import Reader
 from odin_nerfstudio.runtime.sharding import Owner
 from odin_nerfstudio.scenes import toy
@@ -47,10 +48,13 @@ of their C(t) (they run ahead) and others wait for the rest of their rows."""
 
 def config(mode: str, **changes: float) -> OdinRuntimeConfig:
     """The mode; throughput-first's gradient rule (real gradients only) always passing; K = 2 unless
-    ``ring_slots`` says (quality-first fetches K - 1 steps ahead, the most it may)."""
+    ``ring_slots`` says (quality-first fetches K - 1 steps ahead, the most it may); placed by candidate rows unless
+    ``placement_by_time`` says: the real ranks measure their wall time and the simulator its modeled time, so by time
+    their placements could differ where locality ties."""
     slots = int(changes.get("ring_slots", 2))
     return OdinRuntimeConfig(mode=mode, stale_grad_ratio=1e9, stale_fraction=changes.get("stale_fraction", 0.2),
-                             ring_slots=slots, fetch_ahead=max(1, slots - 1))
+                             ring_slots=slots, fetch_ahead=max(1, slots - 1),
+                             placement_by_time=bool(changes.get("placement_by_time", False)))
 
 
 def simulated(mode: str, workload, **changes: float) -> ShardedSimulation:
@@ -120,6 +124,7 @@ def real_traces(
         loops.append(ShardedLoop(
             owner, reader, endpoint, rank, step_tasks, mode, STEPS - 1, 30.0, None, runtime.stale_fraction,
             runtime.stale_grad_ratio, runtime.max_staleness, executor=_InlineLane(), fetch_ahead=runtime.fetch_ahead,
+            placement_by_time=runtime.placement_by_time,
         ))  # fmt: skip
     errors = []
     views = view_tasks(simulation.workload.num_views, cameras.__getitem__)
@@ -199,26 +204,34 @@ def test_the_loop_publishes_beside_the_tasks_rendering_ahead_on_its_lane() -> No
 
 def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publication() -> None:
     """By hand: the placement's exchange (a count per view), then per step the fetch (two collectives' latencies and
-    the largest piece, 24 + VALUE_BYTES a row), the slower rank's render, the return (8 + VALUE_BYTES a row) and the
-    slower owner's publication, each worker on the rank the placement chose."""
+    the largest piece, 24 + VALUE_BYTES a row), the slower rank's render, the return (8 + VALUE_BYTES a row, and the
+    8 bytes of the rank's measured time) and the slower owner's publication, each worker on the rank the placement
+    chose: by rows owned, then by the time the ranks measured in the steps K before."""
     workload, _ = scene_workload(FOCAL)
-    simulation = simulated("barrier", workload)
+    simulation = simulated("barrier", workload, placement_by_time=True)
     simulation.measured = {(s, v): 0.01 + 0.02 * (v % 3) for s in range(STEPS) for v in range(workload.num_views)}
     simulation.config.record_decisions = False
     result = simulation.run()
     cuts = simulation.cuts()
-    placement = Placement(torch.as_tensor(simulation.loops[0].placement.rows_owned))  # placed again, step by step
+    spent: dict[tuple[int, int], int] = {}  # (step, rank): the rank's render time of its tasks, as it measured it
+    for rank, loop in enumerate(simulation.loops):
+        for event in loop.reader.meter.timeline.events:
+            if event.name in ("render", "backward"):
+                spent[event.step, rank] = spent.get((event.step, rank), 0) + event.end_ns - event.start_ns
+    loads = RankLoads(WORKERS, simulation.loops[0].ring_slots)
+    placement = Placement(torch.as_tensor(simulation.loops[0].placement.rows_owned), loads)  # placed again, by hand
     counts = 8 * workload.num_views
     expected, published = [], LINK.all_to_all_s([[counts] * WORKERS] * WORKERS)
     for step in range(STEPS):
         workers = simulation._step_tasks(step)[0]
         tasks = by_rank(workers, placement.ranks_of(workers))
+        loads.measured(step, np.array([spent.get((step, rank), 0) for rank in range(WORKERS)]))
         rows = [torch.unique(torch.cat([workload.candidates[t.view] for t in rank])) for rank in tasks]
         ranges = [cuts.range(owner) for owner in range(WORKERS)]
         owned = [[int(((r >= lo) & (r < hi)).sum()) for lo, hi in ranges] for r in rows]
         crossing = max(owned[r][o] for r in range(WORKERS) for o in range(WORKERS) if r != o)
         fetch = 2 * LINK.latency_s + crossing * (24 + VALUE_BYTES) / LINK.bandwidth_bytes_per_s
-        back = 2 * LINK.latency_s + crossing * (8 + VALUE_BYTES) / LINK.bandwidth_bytes_per_s
+        back = 2 * LINK.latency_s + (crossing * (8 + VALUE_BYTES) + 8) / LINK.bandwidth_bytes_per_s
         render = max(sum(simulation.measured[(step, t.view)] for t in rank) for rank in tasks)
         union = torch.unique(torch.cat(rows))
         merged = [int(((union >= lo) & (union < hi)).sum()) for lo, hi in ranges]
@@ -233,6 +246,7 @@ def test_the_simulated_barrier_step_is_fetch_slowest_render_return_and_publicati
                 ends[event.step] = max(ends.get(event.step, 0.0), event.end_ns / 1e9)
     assert [ends[step] for step in range(STEPS)] == pytest.approx(expected, rel=1e-6)
     assert sum(loop.counters.placed for loop in simulation.loops) > 0, "some step ran a worker on another rank"
+    assert loads.counted_through == STEPS - 1 - loads.lag, "the steps K before were placed by the measured time"
 
 
 def test_with_many_workers_the_halves_order_lets_every_task_run_ahead_where_regions_wait() -> None:
@@ -253,3 +267,24 @@ def test_with_many_workers_the_halves_order_lets_every_task_run_ahead_where_regi
     assert sum(c.rest_fetches for c in waited) == workers * (steps - 1), "every step after the first fetched a rest"
     assert sum(c.rest_fetches for c in ran) == 0 and sum(c.ran_ahead for c in ran) == workers * (steps - 1)
     assert halves.views_per_s > 1.1 * regional.views_per_s
+
+
+def test_a_slower_rank_gets_the_cheaper_views_when_placed_by_measured_time() -> None:
+    """The same city at 16 workers in the halves order, rank 0 computing 1.5 times slower than the others: placed by
+    candidate rows, its compute sets quality-first's pace; placed by the ranks' measured time (riding on the
+    returns), the ties give it the cheaper workers, so its compute comes nearer the others' and the run is faster."""
+    workload = Workload.from_point_sets("city", city_point_sets(CityConfig(num_views=256)).point_sets)
+    costs = CostModel(LinearFit(0.01, (1e-3, 0.0), 1.0, 1), 0.0, LinearFit(0.002, (1e-6,), 1, 1))  # by |C(t)|
+    link = Interconnect.preset("10gbe", "allgather", 0.002, workload.num_rows)
+    runs = {}
+    for by_time in (False, True):
+        runtime = OdinRuntimeConfig(mode="quality", placement_by_time=by_time)
+        run = SimulationConfig(runtime, 16, 1, 24, sharded=True, schedule_order="halves", straggler=1.5)
+        simulation = ShardedSimulation(workload, costs, link, run)
+        result = simulation.run()
+        compute = [rank.compute_s for rank in result.metrics.ranks]
+        runs[by_time] = result.views_per_s, compute[0] / np.mean(compute)
+        assert (simulation.loops[0].placement.loads.lag is not None) == by_time
+    (rows_speed, rows_slowest), (time_speed, time_slowest) = runs[False], runs[True]
+    assert rows_slowest > 1.3 and time_slowest < rows_slowest - 0.05, runs
+    assert time_speed > 1.03 * rows_speed, runs
