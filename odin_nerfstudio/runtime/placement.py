@@ -16,11 +16,11 @@ each other (quality-first) a rank handed the costlier views step after step sets
 spent (:class:`RankLoads`) is measured where every rank knows it: each rank's render + backward time of a step rides
 on the step's return to every rank, so that a task's variation, which no prediction knows, is made up for in the
 steps after; for the steps whose return has not yet counted, their candidate rows at the seconds a row has cost so
-far. On a simulated 1,024-view city at 64 workers the slowest rank's render time over 40 steps at the fitted costs
-was 1.049 times the mean rank's by locality alone and 1.009 with the ties broken by candidate rows; with the drawn
-variation, the measured compute's spread was 1.047 by candidate rows and 1.019 by measured time (BENCHMARKS.md,
-bench_simulate_sharded's hand notes on placement ties). Locality still comes first exactly: the balance term of a
-whole assignment is less than one row, so as many rows cross the link as by locality alone.
+far. On a simulated 1,024-view city at 64 workers (BENCHMARKS.md, bench_simulate_sharded and its hand notes on
+placement) the slowest rank computed 1.044 times the mean rank's placed by candidate rows and 1.025 by measured time
+(medians of three seeds), quality-first's views/s within the seeds' spread either way; with rank 0 1.3 times slower
+than the others, 1.262 and 1.154, and quality-first 264.0 and 288.8 views/s. Locality still comes first exactly: the
+balance term of a whole assignment is less than one row, so as many rows cross the link as by locality alone.
 """
 
 from __future__ import annotations
