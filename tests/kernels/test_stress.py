@@ -6,10 +6,10 @@ times, and every publication applies the same gradient to all of a row's element
 versions. One thread publishes all rows over and over (publish_adam), the other gathers them (gather_rows); torch
 releases the GIL inside both ops, so they overlap on two cores. The rows are wide so that both threads spend most of
 their time inside the ops rather than in Python under the GIL: with 512-wide rows a read met a locked row about once
-in a million, and a CI run read 3 million rows without meeting one; 8,192-wide rows meet thousands in seconds. With the locks, rows caught mid-publication are
-reported ``locked`` (and that count must be positive: the mechanism ran) and no other row is torn; with the
-locks switched off (``use_locks=False`` / ``check_locks=False``, the ops' debug switch) torn rows are found, so
-the test can fail.
+in a million, and a CI run read 3 million rows without meeting one; 8,192-wide rows meet hundreds in 20,000 reads.
+With the locks, rows caught mid-publication are reported ``locked`` (and that count must be positive: the mechanism
+ran) and no other row is torn; with the locks switched off (``use_locks=False`` / ``check_locks=False``, the ops'
+debug switch) torn rows are found, so the test can fail.
 """
 
 from __future__ import annotations
