@@ -61,9 +61,10 @@ class RankLoads:
         self._arrived: dict[int, np.ndarray] = {}  # per step measured and not counted, the nanoseconds per rank
 
     def placed(self, step: int, rows: np.ndarray) -> None:
-        """Step ``step`` placed ``rows`` candidate rows on each rank."""
+        """Step ``step`` placed ``rows`` candidate rows on each rank (kept until counted, where time is counted)."""
         self.rows += rows
-        self._placed[step] = rows
+        if self.lag is not None:
+            self._placed[step] = rows
 
     def measured(self, step: int, nanoseconds: np.ndarray) -> None:
         """Every rank's render + backward nanoseconds of its tasks of step ``step``, as its return brought them."""
