@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from _report import BENCHMARKS, machine, publish
+from odin_nerfstudio.core.timeline import TASK_COST_EVENTS
 from odin_nerfstudio.core.timeline_metrics import events_from_chrome_trace, step_balance
 from odin_nerfstudio.scheduling.balance import BALANCE_TOLERANCE, MIN_BAND_GROUPS, ViewTimes
 from odin_nerfstudio.scheduling.regions import aligned_balance, cost_banded
@@ -79,14 +80,11 @@ class ReplayedRun:
             events_from_chrome_trace(json.loads(trace.read_text()))
             for trace in sorted(folder.glob("odin_timeline_rank*.json"))
         ]
-        spans = [event for rank in events for event in rank if event.name in ("render", "backward")]
+        spans = [event for rank in events for event in rank if event.name in TASK_COST_EVENTS]
         epochs = max(event.step for event in spans) // self.steps_per_epoch + 1
         per_epoch = [ViewTimes(int(schedule["num_views"])) for _ in range(epochs)]
         for epoch, times in enumerate(per_epoch):
-            for name, count in (("render", True), ("backward", False)):  # a task's render, then more of it
-                mine = [e for e in spans if e.name == name and e.step // self.steps_per_epoch == epoch]
-                views = np.array([int(e.args["view"]) for e in mine], dtype=np.int64)
-                times.add(views, np.array([(e.end_ns - e.start_ns) / 1e9 for e in mine]), count)
+            times.add_spans([event for event in spans if event.step // self.steps_per_epoch == epoch])
         self.cost = np.stack([np.where(t.count > 0, t.seconds / np.maximum(t.count, 1), np.nan) for t in per_epoch])
         self.measured = step_balance([[e for e in rank if e.step >= self.steps_per_epoch] for rank in events])
 

@@ -50,6 +50,32 @@ def events_since(events: Sequence[Event], recorded: int, consumed: int) -> list[
     return list(itertools.islice(reversed(events), new))[::-1]
 
 
+TASK_COST_EVENTS = ("render", "backward")
+"""The spans that make a task's cost, wherever it ran: its render and its backward (re-balancing and placement
+measure tasks by them)."""
+
+
+class SpanCursor:
+    """A consumer's place in a timeline's events: each take returns the spans of ``names`` recorded since the last
+    one, each span once (those dropped from the window before they were taken are lost).
+
+    Args:
+        names: the spans taken (default: a task's cost, :data:`TASK_COST_EVENTS`).
+    """
+
+    def __init__(self, names: tuple[str, ...] = TASK_COST_EVENTS) -> None:
+        self.names = names
+        self.consumed = 0
+        """How many of the timeline's recorded events have been taken."""
+
+    def take(self, events: Sequence[Event], recorded: int) -> list[Event]:
+        """The spans of ``names`` among a timeline's window ``events`` (``recorded`` recorded in all) not taken
+        before, oldest first."""
+        window = events_since(events, recorded, self.consumed)
+        self.consumed = recorded
+        return [event for event in window if event.name in self.names]
+
+
 MAX_EVENTS = 200_000
 """Events a timeline keeps by default (about 60 MB; the last few thousand steps of a run)."""
 
@@ -114,27 +140,23 @@ class Timeline:
 
 
 class StepTotals:
-    """Per step, the summed duration of a timeline's events of some names, each event taken once: what a rank spent
-    on a step's tasks, wherever they ran (its loop or a lane).
+    """Per step, the summed duration of a timeline's task-cost spans (:data:`TASK_COST_EVENTS`), each taken once:
+    what a rank spent on a step's tasks, wherever they ran (its loop or a lane).
 
     Args:
-        timeline: the events' timeline.
-        names: the events counted (a task's cost: "render", "backward").
+        timeline: the spans' timeline.
     """
 
-    def __init__(self, timeline: Timeline, names: tuple[str, ...]) -> None:
-        self.timeline, self.names = timeline, names
-        self._consumed = 0
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self._cursor = SpanCursor()
         self._ns: dict[int, int] = defaultdict(int)
 
     def take(self, step: int) -> int:
-        """The nanoseconds of step ``step``'s events recorded so far, the step's and every earlier one's then
-        forgotten (no event may be recording meanwhile; those dropped from the timeline's window are lost)."""
-        timeline = self.timeline
-        for event in events_since(timeline.events, timeline.recorded, self._consumed):
-            if event.name in self.names:
-                self._ns[event.step] += event.end_ns - event.start_ns
-        self._consumed = timeline.recorded
+        """The nanoseconds of step ``step``'s spans recorded so far, the step's and every earlier one's then
+        forgotten (no span may be recording meanwhile; those dropped from the timeline's window are lost)."""
+        for event in self._cursor.take(self.timeline.events, self.timeline.recorded):
+            self._ns[event.step] += event.end_ns - event.start_ns
         for earlier in [s for s in self._ns if s < step]:
             del self._ns[earlier]
         return self._ns.pop(step, 0)

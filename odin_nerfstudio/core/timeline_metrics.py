@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from odin_nerfstudio.core.timeline import Event, events_since
+from odin_nerfstudio.core.timeline import TASK_COST_EVENTS, Event, events_since
 
 COMPUTE_EVENTS = ("render", "backward", "publish")
 """Spans during which a process computes (a wait overlapping them is not exposed)."""
@@ -392,7 +392,7 @@ def step_balance(events: Sequence[Sequence[Event]]) -> float:
     for rank_events in events:
         compute: dict[int, int] = defaultdict(int)
         for event in rank_events:
-            if event.name in ("render", "backward"):
+            if event.name in TASK_COST_EVENTS:
                 compute[event.step] += event.end_ns - event.start_ns
         per_rank.append(compute)
     shared = set.intersection(*(set(compute) for compute in per_rank)) if per_rank else set()

@@ -36,7 +36,7 @@ class PlacedSteps:
         self.placement: Placement | None = None
         self.ranks_of: dict[int, list[int]] = {}
         """Per step begun and not yet published, each schedule worker's rank."""
-        self._spent = StepTotals(timeline, ("render", "backward"))
+        self._spent = StepTotals(timeline)
 
     def place(self, rows_owned: Tensor, lag: int | None) -> None:
         """Place the steps to come by ``rows_owned`` ([V, W], every rank's alike), the loads so far carried on

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_nerfstudio.comm.distributed import DistributedTransport, require_no_exchange_in_flight
-from odin_nerfstudio.core.timeline import Event, Timeline, events_since
+from odin_nerfstudio.core.timeline import Event, SpanCursor, Timeline
 from odin_nerfstudio.drivers.step_loop import settle
 from odin_nerfstudio.runtime.runtime import OdinRuntime
 from odin_nerfstudio.scheduling.balance import ViewTimes, steps_balance
@@ -57,7 +57,8 @@ class MeasuredBalance:
         self.record = record
         self.device = device
         self.times = ViewTimes(datamanager.schedule.num_views)
-        self.consumed = 0
+        self.spans = SpanCursor()
+        """This process's place in its timeline: the spans after it are not yet measured."""
         self.history: list[dict[str, Any]] = []
         if self.every and datamanager.rank == 0:  # rank 0 speaks for the job
             steps = self.every * datamanager.schedule.steps_per_epoch
@@ -74,12 +75,7 @@ class MeasuredBalance:
     def consume(self, events: Sequence[Event], recorded: int) -> None:
         """Add the render and backward spans of ``events`` not yet consumed (a timeline's window, ``recorded``
         events in all; spans dropped from the window before they were consumed are not measured)."""
-        window = events_since(events, recorded, self.consumed)
-        self.consumed = recorded
-        for name, count in (("render", True), ("backward", False)):  # a task's cost: its render plus its backward
-            spans = [event for event in window if event.name == name]
-            views = np.array([int(event.args["view"]) for event in spans], dtype=np.int64)
-            self.times.add(views, np.array([(event.end_ns - event.start_ns) / 1e9 for event in spans]), count)
+        self.times.add_spans(self.spans.take(events, recorded))
 
     def rebalance(self, step: int, runtime: OdinRuntime, transports: Iterable[DistributedTransport] = ()) -> None:
         """Settle ``runtime`` (the replicated mode's), then :meth:`rebalance_by` its timeline."""

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from odin_nerfstudio.core.timeline import Event
+
 BALANCE_TOLERANCE = 0.05
 """The default largest relative cost spread of a step's views (``ScheduleConfig.balance_tolerance``): steps within
 1.05 max / mean worker cost, a barrier's workers finishing within 5% of each other."""
@@ -147,6 +149,14 @@ class ViewTimes:
         self.seconds += np.bincount(views, weights=seconds, minlength=size)
         if count:
             self.count += np.bincount(views, minlength=size)
+
+    def add_spans(self, spans: Sequence[Event]) -> None:
+        """Add a timeline's task-cost spans (``core/timeline.TASK_COST_EVENTS``, each with its ``view``): a render
+        is a measurement of its own (a re-run is another one), a backward more of the one its render counted."""
+        for name, count in (("render", True), ("backward", False)):
+            mine = [event for event in spans if event.name == name]
+            views = np.array([int(event.args["view"]) for event in mine], dtype=np.int64)
+            self.add(views, np.array([(event.end_ns - event.start_ns) / 1e9 for event in mine]), count)
 
     def view_cost(self, fallback: np.ndarray) -> np.ndarray:
         """Per-view cost [V] for a schedule (``Schedule.with_view_cost``): the mean of a view's measured times; a

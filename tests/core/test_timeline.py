@@ -1,5 +1,5 @@
 """The timeline keeps a bounded window of events (flat memory over long runs) and exact totals over all of them;
-``StepTotals`` sums a step's spans of some names once each, wherever they were recorded."""
+``StepTotals`` sums a step's task-cost spans once each, wherever they were recorded."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_step_totals_take_each_steps_spans_once() -> None:
     gets its own spans, step 1's wait until it is taken, and a step taken is forgotten with every earlier one."""
     now = [0]
     timeline = Timeline(clock=lambda: now[0])
-    totals = StepTotals(timeline, ("render", "backward"))
+    totals = StepTotals(timeline)
     for step, name, length in ((0, "render", 5), (1, "render", 7), (0, "backward", 3), (0, "wait", 100)):
         start = now[0]
         now[0] += length

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from odin_nerfstudio.core.timeline import SpanCursor, Timeline
 from odin_nerfstudio.scenes.citygen import CityConfig, city_point_sets, object_point_sets, street_point_sets
 from odin_nerfstudio.scheduling import balance
 from odin_nerfstudio.scheduling.balance import (
@@ -176,6 +177,27 @@ def test_view_times_add_up_a_tasks_spans_and_every_ranks_measurements() -> None:
     np.testing.assert_allclose(rank0.view_cost(predicted), [3.0, 0.3 * 20.0, 0.3 * 30.0])
     with pytest.raises(ValueError, match="one view index"):
         rank0.add(np.array([3]), np.array([1.0]))
+
+
+def test_view_times_take_a_timelines_task_spans_once() -> None:
+    """A timeline's renders and backwards reach the view's measured time through a cursor, each once: a re-run is a
+    measurement of its own, a backward adds to its render's, a wait is no task's cost."""
+    now = [0]
+    timeline = Timeline(clock=lambda: now[0])
+
+    def span(name: str, view: int, length: int) -> None:
+        start = now[0]
+        now[0] += length * 10**9
+        timeline.record(name, 0, 0, start, {"view": view})
+
+    cursor, times = SpanCursor(), ViewTimes(2)
+    span("render", 1, 2), span("backward", 1, 1), span("wait", 1, 50), span("render", 1, 4)  # a re-run of view 1
+    times.add_spans(cursor.take(timeline.events, timeline.recorded))
+    span("render", 0, 3)
+    times.add_spans(cursor.take(timeline.events, timeline.recorded))
+    np.testing.assert_allclose(times.seconds, [3.0, 7.0])
+    np.testing.assert_array_equal(times.count, [1, 2])
+    assert cursor.take(timeline.events, timeline.recorded) == [], "every span is taken once"
 
 
 def test_with_view_cost_rebalances_and_round_trips() -> None:
