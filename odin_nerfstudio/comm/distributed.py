@@ -313,7 +313,8 @@ class DistributedTransport:
         if asks and choice != "dense":
             first, masks = self._first(handle, rank_rows, asked, sizes, packed, issued)
             rank_rows = [ranks_rows[~mask] for ranks_rows, mask in zip(rank_rows, masks, strict=True)]
-            rows, packed = rows[~masks[self.rank]], packed[~masks[self.rank]]
+            rest = torch.nonzero(~masks[self.rank]).flatten()  # one index_select of the wide rows: see _first
+            rows, packed = rows.index_select(0, rest), packed.index_select(0, rest)
         union = None
         if choice != "dense":
             union = union_sorted(rank_rows, self.device)
@@ -359,7 +360,9 @@ class DistributedTransport:
         counts = [int(mask.sum()) for mask in masks]
         handle.part = "first rows"
         if max(counts, default=0):
-            gathered, work = self._all_gather(wire.padded(packed[masks[self.rank]], max(counts)), issued)
+            # the positions, then one index_select: a boolean mask on the wide packed rows costs several times more
+            mine = packed.index_select(0, torch.nonzero(masks[self.rank]).flatten())
+            gathered, work = self._all_gather(wire.padded(mine, max(counts)), issued)
             self._wait(work, handle, "first rows")
             parts = [
                 wire.unpack(r[mask], gathered[rank][:count], self.template)

@@ -64,7 +64,11 @@ def densified(update: SparseUpdate, num_rows: int) -> SparseUpdate:
 
 def restricted(update: SparseUpdate, keep: Tensor) -> SparseUpdate:
     """The rows of ``update`` where ``keep`` (bool [M]) holds, with their gradients; no statistics."""
-    return SparseUpdate(rows=update.rows[keep], grads={name: grad[keep] for name, grad in update.grads.items()})
+    # the positions once, then one index_select per gradient: a boolean mask per gradient finds them again each time
+    # (about 3x slower on CPU for a model's six gradients)
+    kept = torch.nonzero(keep).flatten()
+    grads = {name: grad.index_select(0, kept) for name, grad in update.grads.items()}
+    return SparseUpdate(rows=update.rows.index_select(0, kept), grads=grads)
 
 
 def joined(

@@ -133,6 +133,13 @@ class SplatTaskRenderer:
 
         return drawn_rows(self.render_camera(task), rows)
 
+    @property
+    def visible_reads(self) -> tuple[str, ...]:
+        """The parameters :meth:`visible` reads (a Gaussian's geometry): the runtime gathers only these for it."""
+        from odin_nerfstudio.rendering.rasterize import DRAWN_ROWS_READS
+
+        return DRAWN_ROWS_READS
+
 
 def splat_learning_rates(optimizers: dict[str, Any]) -> dict[str, float]:
     """The learning rate of each Gaussian parameter group in a nerfstudio `optimizers` config."""
@@ -179,7 +186,7 @@ def build_runtime(
         {name: optimizers[name] for name in GAUSSIAN_PARAMS},
         transports,
         renderer,
-        visibility_fn=EscapeCheck(renderer.visible, renderer.drawable) if check_escapes else None,
+        visibility_fn=EscapeCheck(renderer.visible, renderer.drawable, renderer.visible_reads) if check_escapes else None,
         strategy_state=model.strategy_state,
         start_step=start_step,
         adapter=GsplatAdapter(packed=False, absgrad=model.strategy.absgrad),

@@ -189,6 +189,10 @@ def projected_radii(
     return radii
 
 
+DRAWN_ROWS_READS = ("means", "quats", "scales")
+"""The parameters :func:`drawn_rows` reads (a Gaussian's geometry)."""
+
+
 def drawn_rows(camera: Camera, rows: Dict[str, Tensor], eps2d: float = 0.3, near_plane: float = 0.01) -> Tensor:
     """Which Gaussian rows (gsplat's layout: means [M, 3], quats [M, 4], log-scales [M, 3]) `camera` draws, bool [M].
 

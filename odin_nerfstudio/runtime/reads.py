@@ -41,10 +41,13 @@ class EscapeCheck:
     Attributes:
         visible: which of the given parameter rows the rasterizer would see for a task.
         drawable: per task, the region outside which ``visible`` reports nothing.
+        reads: the parameters ``visible`` reads, the only ones gathered for it (a projection reads a Gaussian's
+            geometry, not its colours); None: every parameter.
     """
 
     visible: VisibilityFn
     drawable: DrawableFn
+    reads: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ def visible_rows(check: EscapeCheck, task: Task, rows: Tensor, params: dict[str,
     """Which of ``rows`` (sorted int64 [M]) the rasterizer would draw for ``task`` on the current state."""
     if rows.numel() == 0:
         return rows
-    gathered = {name: p.detach().index_select(0, rows) for name, p in params.items()}
+    names = params if check.reads is None else check.reads
+    gathered = {name: params[name].detach().index_select(0, rows) for name in names}
     return rows[check.visible(task, gathered)]
 
 

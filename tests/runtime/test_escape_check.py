@@ -15,7 +15,7 @@ from torch import Tensor
 
 from odin_nerfstudio.core.camera import Camera
 from odin_nerfstudio.culling.candidates import BoundingSpheres, CullRegion
-from odin_nerfstudio.rendering.rasterize import drawn_rows
+from odin_nerfstudio.rendering.rasterize import DRAWN_ROWS_READS, drawn_rows
 from odin_nerfstudio.runtime.config import Topology
 from odin_nerfstudio.runtime.runtime import EscapeCheck, OdinRuntimeConfig
 from odin_nerfstudio.scenes.close_cameras import pinhole
@@ -137,14 +137,23 @@ def recorded(escaped, found: list[Tensor]):
     return record
 
 
+def geometry_only(task: Task, rows: dict[str, Tensor]) -> Tensor:
+    """:func:`gsplat_visibility`, asked about the rows' geometry alone (``DRAWN_ROWS_READS``), never more."""
+    assert set(rows) == set(DRAWN_ROWS_READS), f"gathered {sorted(rows)} for a projection"
+    return gsplat_visibility(task, rows)
+
+
 def test_escape_check_finds_the_escapes_of_the_full_projection() -> None:
     """A too narrow frustum (negative margin) makes rows escape: validation with an EscapeCheck (few rows
-    projected) finds exactly the escapes of the projection of all N rows, so the runs are bit-identical."""
+    projected; with ``reads``, only their geometry gathered) finds exactly the escapes of the projection of all N
+    rows, so the runs are bit-identical."""
     escapes = {}
     results = {}
+    drawable = lambda task: CullRegion.drawable(task.camera)  # noqa: E731
     for name, check in {
         "all rows": gsplat_visibility,
-        "drawable rows": EscapeCheck(gsplat_visibility, lambda task: CullRegion.drawable(task.camera)),
+        "drawable rows": EscapeCheck(gsplat_visibility, drawable),
+        "drawable rows, geometry": EscapeCheck(geometry_only, drawable, DRAWN_ROWS_READS),
     }.items():
         for mode, turns in (("barrier", []), ("quality", [1] * 12)):
             config = OdinRuntimeConfig(mode=mode, candidate_margin=-0.35)
@@ -156,10 +165,12 @@ def test_escape_check_finds_the_escapes_of_the_full_projection() -> None:
             run_virtual(runtime, make_schedule(4, 2, 1, 6), turns)
             results[(name, mode)] = (snapshot(runtime), runtime.counters.validation_failures.get("escape", 0))
     for mode in ("barrier", "quality"):
-        full, cheap = escapes[("all rows", mode)], escapes[("drawable rows", mode)]
-        assert len(full) == len(cheap) and all(torch.equal(a, b) for a, b in zip(full, cheap, strict=True))
-        assert results[("all rows", mode)][1] == results[("drawable rows", mode)][1] > 0
-        assert_identical(results[("all rows", mode)][0], results[("drawable rows", mode)][0])
+        full = escapes[("all rows", mode)]
+        for cheap_name in ("drawable rows", "drawable rows, geometry"):
+            cheap = escapes[(cheap_name, mode)]
+            assert len(full) == len(cheap) and all(torch.equal(a, b) for a, b in zip(full, cheap, strict=True))
+            assert results[("all rows", mode)][1] == results[(cheap_name, mode)][1] > 0
+            assert_identical(results[("all rows", mode)][0], results[(cheap_name, mode)][0])
     assert_identical(results[("drawable rows", "quality")][0], results[("drawable rows", "barrier")][0])
 
 
@@ -192,7 +203,7 @@ def test_escape_check_on_real_scenes(scene_name: str) -> None:
         candidate = bounds.rows_in(CullRegion.candidates(camera, -0.3))
         region = bounds.rows_in(renderer.drawable(task))
         outside = region[~torch.isin(region, candidate)]
-        gathered = {name: p[outside] for name, p in params.items()}
+        gathered = {name: params[name][outside] for name in renderer.visible_reads}
         cheap = outside[renderer.visible(task, gathered)]
         assert torch.equal(cheap, visible[~torch.isin(visible, candidate)])
         escaped_somewhere |= cheap.numel() > 0
