@@ -180,13 +180,14 @@ def build_runtime(
         raise ValueError(f"the runtime needs a SelectiveAdam for each Gaussian parameter; missing for {missing}")
     model.strategy_state = model.strategy.initialize_state(scene_scale=1.0)
     renderer = renderer if renderer is not None else SplatTaskRenderer(model, images)
+    escapes = EscapeCheck(renderer.visible, renderer.drawable, renderer.visible_reads) if check_escapes else None
     return OdinRuntime(
         config,
         params,
         {name: optimizers[name] for name in GAUSSIAN_PARAMS},
         transports,
         renderer,
-        visibility_fn=EscapeCheck(renderer.visible, renderer.drawable, renderer.visible_reads) if check_escapes else None,
+        visibility_fn=escapes,
         strategy_state=model.strategy_state,
         start_step=start_step,
         adapter=GsplatAdapter(packed=False, absgrad=model.strategy.absgrad),
