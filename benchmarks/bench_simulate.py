@@ -15,9 +15,9 @@ fitted on the loopback run of the same mode (so the 10gbe runs test the link mod
 gives predicted against measured views/s and the error (target: within 15%), and the idle shares.
 
 Predictions. Costs fitted on the three loopback runs together; W = 2, 8 and 64 ranks of one worker each, B = 1,
-K = 4, 120 steps per mode, behind the ``10gbe`` preset, each step's exchange the one of fewest bytes as the transport
-chooses it (sparse all-gather, union-then-reduce or dense all-reduce, each a ring). Scenes, each with
-its views' candidate sets culled by the runtime's index on the model odin-splat starts from: the synthetic street
+K = 4, 120 steps per mode, behind the ``10gbe`` preset, each step's exchange the fastest by predicted time (bytes and
+latencies) as the transport chooses it (sparse all-gather, union-then-reduce or dense all-reduce, each a ring).
+Scenes, each with its views' candidate sets culled by the runtime's index on the model odin-splat starts from: the synthetic street
 at bench_train's density, lengthened to ``--big-views`` views (so that a step of 64 fits); a ``citygen`` city of
 ``--big-views`` views (its SfM points as rows); and a dense ``odin-synth`` object (views around one object). Beside
 them, the paper's 1.22x over the barrier at 8 GPUs.
@@ -388,9 +388,9 @@ def report(
             "",
             (
                 f"Predictions: B = 1, K = 4, {args.predict_steps} steps per mode, one rank per worker, 10gbe "
-                "(`comm/link.py`'s preset: 10 GbE slowed like this CPU's compute), each step's exchange the one of "
-                "fewest bytes, as `DistributedTransport` chooses it (the sparse all-gather, union-then-reduce or the "
-                "dense all-reduce, each timed as a ring), the other ranks' writes predicted by the rows they would "
+                "(`comm/link.py`'s preset: 10 GbE slowed like this CPU's compute), each step's exchange the fastest "
+                "by predicted time (bytes and latencies), as `DistributedTransport` chooses it (the sparse all-gather, "
+                "union-then-reduce or the dense all-reduce, each timed as a ring), the other ranks' writes predicted by the rows they would "
                 "draw (today's runtime); "
                 "quality-first's row is the paper's comparison, **1.22x at 8 GPUs** in the paper. The dense column is "
                 "the barrier exchanging as dense data parallelism does (a ring all-reduce of all N rows); the "
@@ -452,12 +452,11 @@ def breakdown_notes(replays: list[Replay]) -> list[str]:
         "- The exchange at scale: a sparse all-gather's bytes grow with W, a dense all-reduce's do not, so where "
         "active sets are large (the dense object, the panning street's long views) the chosen exchange turns "
         "dense at many workers, as the transport's choice does; the simulator times each choice as a ring with "
-        "one latency per hop and no contention, which no run here checks. The transport chooses by bytes alone, "
-        "blind to latency: union-then-reduce takes 3 (W - 1) latencies against the sparse all-gather's W - 1, so "
-        "behind a high-latency link (10gbe here: 3.75 ms a message) at 8 workers it can be the slower one while the "
-        "smaller; the barrier, whose exchange is on its critical path, loses most by it (the scan rig's barrier at "
-        "8 workers ran about a quarter faster in this simulator with every step a sparse all-gather). A choice by "
-        "predicted time would need the link's latency, which the transport does not know.",
+        "one latency per hop and no contention, which no run here checks. The choice weighs each collective's "
+        "latencies with its bytes (`comm/exchange_choice.py`, at the link's latency x bandwidth): union-then-reduce "
+        "takes 3 (W - 1) latencies against the sparse all-gather's W - 1, so behind a high-latency link (10gbe here: "
+        "3.75 ms a message) union-then-reduce is chosen only where it saves more bytes than its 2 (W - 1) extra "
+        "latencies would move.",
         "- Throughput-first's gradient-size rule decides on modeled gradients (per view, exponential weights of "
         "mean 1 on its write rows), not the run's: its admitted stale reads are the rule's on that distribution.",
         "- Predictions at 8 and 64 workers draw each task's variation from the pooled fit's residuals (this "

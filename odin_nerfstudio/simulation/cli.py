@@ -68,7 +68,8 @@ class SimulateCliConfig:
     """The link under every exchange (comm/link.py's presets)."""
     collective: Collective = "emulated"
     """How a step's parts travel: emulated (comm/link.py's model), allgather (ring), ring-allreduce (dense), chosen
-    (per step the one of fewest bytes among the sparse all-gather, union-then-reduce and dense, as the transport)."""
+    (per step the fastest by predicted bytes and latencies among the sparse all-gather, union-then-reduce and dense,
+    as the transport chooses)."""
     virtual: bool = False
     """Every worker in one process (virtual workers sharing one thread), else one process per worker."""
     remote_writes: Literal["drawn", "candidates"] = "drawn"
