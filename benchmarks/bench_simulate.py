@@ -17,10 +17,10 @@ gives predicted against measured views/s and the error (target: within 15%), and
 Predictions. Costs fitted on the three loopback runs together; W = 2, 8 and 64 ranks of one worker each, B = 1,
 K = 4, 120 steps per mode, behind the ``10gbe`` preset, each step's exchange the fastest by predicted time (bytes and
 latencies) as the transport chooses it (sparse all-gather, union-then-reduce or dense all-reduce, each a ring).
-Scenes, each with its views' candidate sets culled by the runtime's index on the model odin-splat starts from: the synthetic street
-at bench_train's density, lengthened to ``--big-views`` views (so that a step of 64 fits); a ``citygen`` city of
-``--big-views`` views (its SfM points as rows); and a dense ``odin-synth`` object (views around one object). Beside
-them, the paper's 1.22x over the barrier at 8 GPUs.
+Scenes, each with its views' candidate sets culled by the runtime's index on the model odin-splat starts from: the
+synthetic street at bench_train's density, lengthened to ``--big-views`` views (so that a step of 64 fits); a
+``citygen`` city of ``--big-views`` views (its SfM points as rows); and a dense ``odin-synth`` object (views around
+one object). Beside them, the paper's 1.22x over the barrier at 8 GPUs.
 
 Usage: ``python benchmarks/bench_simulate.py [--runs-dir DIR] [--quick]``; ``--runs-dir`` keeps the real runs there
 and reuses those it finds; ``--quick`` shrinks everything and never writes. Otherwise the figures replace the
@@ -390,8 +390,8 @@ def report(
                 f"Predictions: B = 1, K = 4, {args.predict_steps} steps per mode, one rank per worker, 10gbe "
                 "(`comm/link.py`'s preset: 10 GbE slowed like this CPU's compute), each step's exchange the fastest "
                 "by predicted time (bytes and latencies), as `DistributedTransport` chooses it (the sparse all-gather, "
-                "union-then-reduce or the dense all-reduce, each timed as a ring), the other ranks' writes predicted by the rows they would "
-                "draw (today's runtime); "
+                "union-then-reduce or the dense all-reduce, each timed as a ring), the other ranks' writes predicted "
+                "by the rows they would draw (today's runtime); "
                 "quality-first's row is the paper's comparison, **1.22x at 8 GPUs** in the paper. The dense column is "
                 "the barrier exchanging as dense data parallelism does (a ring all-reduce of all N rows); the "
                 "re-balanced ones train a schedule cut by each view's modeled time (the pooled fit's, without the "
