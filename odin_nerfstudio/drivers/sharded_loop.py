@@ -91,7 +91,7 @@ class ShardedLoop:
         exchange: the row all-to-all between the ranks.
         rank: this rank (without a placement, its tasks are ``step_tasks(step)[rank]``).
         step_tasks: step -> every schedule worker's tasks of the step, in task order (the global schedule).
-        mode: "barrier" or "quality".
+        mode: one of :data:`SHARDED_MODES`.
         last_step: the run's last step (nothing is fetched ahead of it).
         timeout_s: the longest any exchange is waited for.
         gain: the adaptive batch rule (``core/batch_gain.py``), or None: after each publication every rank gathers

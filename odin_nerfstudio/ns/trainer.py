@@ -142,8 +142,8 @@ class OdinTrainerConfig(TrainerConfig):
     sharded: bool = False
     """Mixed parallel: each process owns a shard of the Gaussians (their parameters, Adam moments and tables) and
     fetches the rows its views read from their owners, so a scene larger than one worker trains (odin-train under
-    torchrun, one shard per process; modes barrier and quality; `ns/sharded_training.py`). Off: every process holds
-    the whole model (data parallel)."""
+    torchrun, one shard per process; modes barrier, quality and throughput; `ns/sharded_training.py`). Off: every
+    process holds the whole model (data parallel)."""
     memory_cap_gib: float = 0.0
     """Per process, the most GiB the Gaussians it holds may take (their parameters, Adam moments, per-row tables;
     `ns/memory_cap.py`), checked before training and after every densification: a model over it stops with the
