@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from odin_nerfstudio.core.tasks import Task
 from odin_nerfstudio.drivers.training_loop import LoopConfig
 from odin_nerfstudio.runtime.config import OdinRuntimeConfig
 from odin_nerfstudio.scheduling.balance import steps_balance
 from odin_nerfstudio.simulation.costs import CostModel, LinearFit
 from odin_nerfstudio.simulation.interconnect import Interconnect
+from odin_nerfstudio.simulation.modeled import ViewCamera
 from odin_nerfstudio.simulation.simulator import Simulation, SimulationConfig
 from odin_nerfstudio.simulation.workload import ROW_BYTES, Workload
 
@@ -59,6 +63,20 @@ def test_barrier_with_free_exchange_is_the_sum_of_the_slowest_worker_per_step() 
     assert result.span_s == pytest.approx(expected, rel=1e-9)
     assert result.views == 3 * 2 * 12
     assert sum(p.exposed_wait_s for p in result.processes) > 0  # the faster workers waited at the barrier
+
+
+@pytest.mark.parametrize(
+    "mode, rerun", [("barrier", True), ("quality", True), ("throughput", False), ("ddp", False), ("hogwild", False)]
+)
+def test_escape_reruns_are_added_only_where_validation_reruns_them(mode: str, rerun: bool) -> None:
+    """The fitted share of escape re-runs lengthens a task only in the modes that validate and re-run an escape
+    (throughput-first counts it, ddp and HOGWILD validate nothing)."""
+    costs = dataclasses.replace(COSTS, rerun_share=0.5)
+    config = SimulationConfig(OdinRuntimeConfig(mode=mode), 3, 2, 2)
+    simulation = Simulation(disjoint_views(), costs, Interconnect(), config)
+    task = Task(0, 0, 0, 5, ViewCamera(12288))
+    plain = COSTS.task_s(simulation.workload.size(5), 12288)
+    assert simulation.task_s(task) == pytest.approx(plain * (1.5 if rerun else 1.0), rel=1e-12)
 
 
 def test_a_rebalanced_schedule_evens_the_modeled_costs_and_speeds_the_barrier() -> None:
