@@ -42,7 +42,7 @@ from odin_nerfstudio.comm.wire import INDEX_BYTES, Sizes, StatsLayout, longest_o
 ExchangeChoice = Literal["auto", "sparse", "union", "dense"]
 """How the gradient rows of an exchange travel: chosen per step by predicted time ("auto"), or forced."""
 CHOICES: tuple[str, ...] = ("sparse", "union", "dense")
-"""The three exchanges, in the order a tie is broken (today's sparse all-gather first)."""
+"""The three exchanges, in the order a tie is broken (the sparse all-gather first)."""
 
 
 @dataclass(frozen=True)

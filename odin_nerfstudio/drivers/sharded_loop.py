@@ -95,7 +95,7 @@ class ShardedLoop:
         last_step: the run's last step (nothing is fetched ahead of it).
         timeout_s: the longest any exchange is waited for.
         gain: the adaptive batch rule (``core/batch_gain.py``), or None: after each publication every rank gathers
-            the merged gradient's row norms (global-id order) and the ranks' tasks' norms (rank order), so every
+            the merged gradient's row norms (global-id order) and the ranks' tasks' norms (worker order), so every
             owner sets the gain the replicated publication sets, bit for bit.
         stale_fraction, stale_grad_ratio, max_staleness: throughput-first's bounds (``OdinRuntimeConfig``'s).
         rates: the learning rates of the publications to come (a scheduler's), which bound how far the rows of

@@ -75,7 +75,8 @@ class OdinDatamanagerConfig(FullImageDatamanagerConfig):
     dataparser: AnnotatedDataParserUnion = field(default_factory=OdinColmapDataParserConfig)
     """Must put per-view `sfm_tracks` and `sfm_in_view` in the train split's metadata, as odin-colmap does."""
     num_workers: Optional[int] = None
-    """W, workers of the schedule; None: the world size N. A multiple k x N runs k of its workers on every rank."""
+    """W, workers of the schedule; None: the world size N. In one process, W virtual workers; a distributed run needs
+    one per process (W = N)."""
     views_per_step: int = 1
     """B, views each worker renders per step. odin-splat's trainer runs one step per iteration: W x B views, their
     gradients summed, one update (a plain nerfstudio loop over `next_train` would take one view per iteration)."""

@@ -50,7 +50,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "pipeline.datamanager.band_floor": _integer_at_least(1),
 }
 """Each checked option (its path in the trainer config) with its test and the allowed range in words (the runtime
-itself refuses ring slots < 1 and unknown modes while the command line is parsed)."""
+itself refuses ring slots, steps fetched ahead or tasks in flight < 1 and unknown modes while the command line is
+parsed)."""
 
 
 def flag(path: str) -> str:

@@ -161,14 +161,13 @@ def build_runtime(
     """An Odin runtime that trains `model.gauss_params` in place with `optimizers` (one selective Adam per
     Gaussian parameter) and the model's strategy; its statistics start from zero.
 
-    Without `transports`, the W workers of `topology` (default: one) share one in-process (virtual) transport;
-    every random draw of a task derives from `seed`. With
-    `check_escapes`, every task is validated against the rows the rasterizer would draw outside its candidate
-    set (a projection of the rows of its drawable region outside C(t), see `SplatTaskRenderer.drawable`); an
-    escape is counted and, in quality-first, re-run. `start_step` > 0 resumes after a checkpoint of step
-    `start_step` - 1 (see `OdinRuntime`). The model's batch rule (`model.batch`, set by `scale_to_batch`) gives the
-    runtime its adaptive gain, if any. `renderer`: the task renderer over `model` and `images` (default: a new one;
-    a trainer keeps its own to read the tasks' losses).
+    Without `transports`, the W workers of `topology` (default: one) share one in-process (virtual) transport; every
+    random draw of a task derives from `seed`. With `check_escapes`, every task is validated against the rows the
+    rasterizer would draw outside its candidate set (a projection of the rows of its drawable region outside C(t), see
+    `SplatTaskRenderer.drawable`); an escape is counted and, in the barrier and quality-first, re-run (throughput-first
+    counts it only). `start_step` > 0 resumes after a checkpoint of step `start_step` - 1 (see `OdinRuntime`). The
+    model's batch rule (`model.batch`, set by `scale_to_batch`) gives the runtime its adaptive gain, if any. `renderer`:
+    the task renderer over `model` and `images` (default: a new one; a trainer keeps its own to read the tasks' losses).
     """
     params = model.gauss_params
     topology = topology if topology is not None else Topology()

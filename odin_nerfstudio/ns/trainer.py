@@ -234,9 +234,10 @@ class OdinTrainer(Trainer):
     def setup_optimizers(self) -> Optimizers:
         """nerfstudio's optimizers, once the model is known to optimize the Gaussian parameters only, under the
         batch rule for the schedule's W x B views per step (`ns/batch_scaling.py`): the model counts its schedules in
-        steps of W x B views, and the configured rates, betas, eps and decays are scaled as Grendel does
-        (`--pipeline.model.batch-scaling off`: as configured); the adaptive rule's gain on the rates is the runtime's,
-        at each publication. The config keeps the one-view values the user wrote."""
+        steps of W x B views, and the configured rates, betas, eps and decays are scaled as Grendel does, eps for a
+        sum of gradients where Grendel's is for their mean (`--pipeline.model.batch-scaling off`: as configured); the
+        adaptive rule's gain on the rates is the runtime's, at each publication. The config keeps the one-view values
+        the user wrote."""
         param_groups = self.pipeline.get_param_groups()
         extra = sorted(set(param_groups) - set(GAUSSIAN_PARAMS))
         if extra:

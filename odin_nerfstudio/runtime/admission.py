@@ -3,8 +3,8 @@
 The runtime checks what every mode shares (the ring has a slot for the task's step; C(t) against the unpublished
 writes, RAW) and asks its :class:`AdmissionPolicy` the rest: whether the task may read at all yet (:meth:`gate`),
 whether a read with conflicts may go ahead stale (:meth:`admit_stale`), and whether a task that failed
-validation is re-run (:meth:`reruns`). A new control (HOGWILD, a DDP-style dense barrier) is one more subclass
-registered in :data:`POLICIES`. See ``docs/architecture.md``.
+validation is re-run (:meth:`reruns`). A control is one more subclass registered in :data:`POLICIES` (HOGWILD
+and the DDP-style dense barrier are). See ``docs/architecture.md``.
 
 - :class:`BarrierPolicy` ("barrier"), the reference: a task of step s reads only after step s - 1 is published (a
   global wait per step). theta_{s+1}[p] = Adam(theta_s[p], sum_t g_t[p]) for p in the union of the active sets,

@@ -35,7 +35,7 @@ class OdinRuntimeConfig:
         max_staleness: the most steps a stale row may lag behind (throughput).
         candidate_margin: widening of the drawable region C(t) is culled against (fraction of the image size; its
             near plane moves by 1 + it times each radius), see ``CullRegion.widened``.
-        near_plane: the rasterizer's near plane.
+        near_plane: the near plane C(t) is culled with: the rasterizer's (odin-splat's model renders with 0.01).
         wait_timeout_s: timeout of every blocking wait on the transport.
         record_reads: keep, per task, its final read and, per step, its published rows (for tests and audits).
         priority_publication: ask, with each step's exchange, for the rows the next step's local tasks would read (their
@@ -44,9 +44,10 @@ class OdinRuntimeConfig:
         spatial_order: keep the model's rows in the Z-order of their centres (``row_order.py``): permuted when the
             runtime is built and after every structural change, so that a view's rows are a few runs of consecutive
             rows (cache-friendly gathers, scatters and Adam). The runtime then owns the row order.
-        tasks_in_flight: B_gpu, the tasks a process renders at once (``lanes.py``): each on a lane thread (a CUDA stream
-            on a GPU) gathering, rendering and back-propagating, while the driver's thread stages, validates and
-            publishes beside them, under the kernels' row locks. 1: one task at a time, on the driver's thread.
+        tasks_in_flight: B_gpu, the tasks a process renders at once (``lanes.py``): the driver's thread and
+            ``tasks_in_flight - 1`` lane threads (each a CUDA stream on a GPU) gather, render and back-propagate; the
+            driver's thread alone stages, validates and publishes, under the kernels' row locks. 1: one task at a
+            time, on the driver's thread.
         keep_freed_memory: on the CPU, keep freed blocks in the process heap for the next task rather than give them
             back to the kernel per task (``core/heap.py``: glibc's malloc thresholds, set once per process; the CUDA
             caching allocator does this on a GPU).

@@ -2,8 +2,10 @@
 
 The transport (``comm/protocol.py``) moves the bytes; this part knows how many tasks each worker runs per step
 (B, or a short step's plan), whether a worker's part of a step can be committed, the handles of the exchanges in
-flight and their communication time. A step is committed only once every earlier step is published, so exchanges
-start in step order on every worker. See ``docs/architecture.md``.
+flight and their communication time. In the modes that validate, a step is committed once every earlier step is
+published (quality-first's early commit: once the step before has its first part published and the reads are
+surely valid, ``runtime/commit.py``); ddp and HOGWILD commit at once. Exchanges start in step order on every
+worker either way. See ``docs/architecture.md``.
 """
 
 from __future__ import annotations

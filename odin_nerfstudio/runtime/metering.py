@@ -55,7 +55,8 @@ class Decision:
     Attributes:
         kind: ``read`` (detail: view, read before the step before was published), ``wait`` (a worker's wait
             begins; detail: view, reason, step waited for), ``rerun`` (detail: view), ``commit`` (detail: early),
-            ``publish_first`` or ``publish`` (worker -1).
+            ``publish_first`` or ``publish`` (worker -1); the sharded simulation's traces add ``exchange`` and
+            ``render`` (``simulation/sharded.py``).
         step: the step decided on.
         worker: the worker, -1 for a publication.
         detail: what else the kind names.

@@ -80,8 +80,8 @@ class Read:
 
     Attributes:
         task: the task.
-        record: C(t), the read mark and the admitted stale rows (``candidate``, ``read_mark``, ``admitted``,
-            ``stale_rows`` read through).
+        record: C(t), the read mark and the admitted stale rows (``candidate``, ``read_mark`` and ``admitted``
+            read through).
         leaves: per name, the gathered rows as leaves [M, ...] that require grad; emptied once the runtime has
             staged their gradients (the Shadow Graph frees them).
         generator: the task's random stream.

@@ -11,7 +11,8 @@ all-to-all (``comm/all_to_all.py``):
    What travels is 3D rows (the pull model), not screen-space Gaussians (``docs/architecture.md`` gives the bytes).
 2. **return**: after its tasks' backwards, a rank sends each owner the rows of its step's update in the owner's
    range: its tasks' gradients summed in task order (the Shadow Graph's staging op, as a replicated worker does).
-   The owner sums the ranks' parts in rank order and applies selective Adam to the union (``publication.py``'s
+   The owner sums the ranks' parts in the order of the schedule workers they ran (the loop puts them so) and
+   applies selective Adam to the union (``publication.py``'s
    :class:`Publisher`), so each row gets the replicated barrier's bits: same sums in the same order, same Adam.
 
 The owner checks reads against the pending writes to its rows, which it knows exactly (every write to a row
@@ -338,9 +339,10 @@ class Owner:
         return pieces
 
     def publish(self, step: int, parts: Sequence[Rows], stats: Sequence[Rows] = ()) -> SparseUpdate:
-        """Sum the ranks' gradient parts of ``step`` in rank order, apply selective Adam to their union (the
-        shard's rows only), advance the versions, refresh the culling bounds and accumulate the tasks' statistics
-        (``stats``: per rank, its tasks' entries in this shard, in task order); returns the merged update (local
+        """Sum the ranks' gradient parts of ``step`` in the order given (the schedule workers' order, the barrier's:
+        ``drivers/placed_steps.PlacedSteps.worker_order``), apply selective Adam to their union (the shard's rows
+        only), advance the versions, refresh the culling bounds and accumulate the tasks' statistics (``stats``: per
+        part, its tasks' entries in this shard, in task order); returns the merged update (local
         rows), whose rows' norms the adaptive batch rule gathers."""
         self.publisher.check_order(step)
         updates = [SparseUpdate(part["ids"] - self.lo, {name: part[name] for name in self.params}) for part in parts]
@@ -350,7 +352,7 @@ class Owner:
         if self.strategy_state is not None:
             none = {"rows": rows[:0], "grad2d": means.new_zeros(0), "radii": means.new_zeros(0)}
             self.adapter.accumulate(self.strategy_state, none, self.params["means"].shape[0])  # the tables, once
-            for entries in stats:  # rank order, then task order within a rank: the replicated publication's
+            for entries in stats:  # worker order, then task order within a worker: the replicated publication's
                 for task_entries in _by_task(entries):
                     task_entries["rows"] = task_entries["rows"] - self.lo
                     self.adapter.accumulate(self.strategy_state, task_entries, self.params["means"].shape[0])

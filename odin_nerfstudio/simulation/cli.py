@@ -84,14 +84,14 @@ class SimulateCliConfig:
     seed: int = 0
     """The schedule's seed."""
     schedule_order: OrderOption = "auto"
-    """The schedule's order, as the run's --pipeline.datamanager.schedule-order (auto: regions with --sharded, the
-    locality schedule rlg otherwise)."""
+    """The schedule's order, as the run's --pipeline.datamanager.schedule-order (auto: regions with --sharded, halves
+    from 16 workers; the locality schedule rlg otherwise)."""
     sharded: bool = False
     """Simulate the sharded mode (odin-train's --sharded: a shard per rank; barrier, quality and throughput), its
     row all-to-all behind --interconnect (one link per pair with emulated, one per rank otherwise)."""
     rebalanced: bool = False
     """Cut the schedule by each view's modeled time, as a run with --pipeline.datamanager.rebalance-every trains from
-    its second epoch on (in the rlg, random and regions orders, either mode)."""
+    its second epoch on (in the rlg, random, regions and halves orders, either mode)."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,10 +1,10 @@
 """A virtual clock for discrete-event simulation of processes that run real, blocking code.
 
-Each simulated process runs the real training loop (``drivers/training_loop.py``) on a thread of its own, but only
-one runs at a time: the one whose next event is earliest. A process gives the clock back when its work takes
-modeled time (:meth:`VirtualClock.spend`) or waits for something another process does (:meth:`VirtualClock.wait`);
-the clock then advances to the next event. Nothing depends on the threads' real timing: ties are broken by the
-order events were scheduled, so a simulation is deterministic.
+Each simulated process runs the real loop (``drivers/training_loop.py``; sharded: ``drivers/sharded_loop.py``) on a
+thread of its own, but only one runs at a time: the one whose next event is earliest. A process gives the clock back
+when its work takes modeled time (:meth:`VirtualClock.spend`) or waits for something another process does
+(:meth:`VirtualClock.wait`); the clock then advances to the next event. Nothing depends on the threads' real timing:
+ties are broken by the order events were scheduled, so a simulation is deterministic.
 """
 
 from __future__ import annotations

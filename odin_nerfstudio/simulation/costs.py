@@ -10,8 +10,8 @@ counters (``odin_counters_rank<r>.json``):
   the renders);
 - publication: a + b rows (the publish spans, which carry the rows published);
 - the exchange's own time on the run's transport (``base_s``): per step, the first publication on any rank after
-  the last rank sent its part, the lower quartile over steps (torch.distributed's payload leaves only when every
-  rank polls, so most steps also hold a rank's unfinished render, which the simulator adds itself); a sharded run
+  the last rank sent its part, the lower quartile over steps (a step's first publication may also wait behind a
+  rank's unfinished render or publication, which the simulator adds itself); a sharded run
   (no such spans): per fetch, the shortest wait of a rank (the last to send waits for the all-to-all alone), the
   median over fetches;
 - the re-runs validation adds besides stale reads (``rerun_share``: re-runs less "stale" failures, per task; escapes

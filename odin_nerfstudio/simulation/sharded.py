@@ -4,8 +4,8 @@ As ``simulator.py`` runs the runtime's own code, this runs ``drivers/sharded_loo
 ``runtime/sharding``'s :class:`~odin_nerfstudio.runtime.sharding.Owner` and
 :class:`~odin_nerfstudio.runtime.shard_reader.Reader` (one protocol): which rows an owner serves, which tasks run ahead
 of an unpublished step (the clean part, the unsure flags), throughput-first's stale reads and their admission, the
-return and the publication in rank order are their rules, none written again here. What is modeled is the data
-plane:
+return and the publication in schedule-worker order are their rules, none written again here. What is modeled is the
+data plane:
 
 - :class:`ShardSetIndex`, an owner's culling index: C(t) in a shard is the workload's set of t's view within the
   shard's range; rows do not move, so a pending row may enter a task's C(t) only if it is in it; a publication

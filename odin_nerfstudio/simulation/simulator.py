@@ -69,7 +69,7 @@ class SimulationConfig:
         record_decisions: keep each process's decision trace (``SimulationResult.decisions``).
         sharded: the sharded mode (``drivers/sharded_loop.py``: a rank per worker, run by ``sharded.py``).
         schedule_order: the schedule's order, as ``--pipeline.datamanager.schedule-order`` (auto: the regional
-            order when sharded, the locality schedule otherwise).
+            order when sharded, in two halves from 16 workers; the locality schedule otherwise).
         rebalanced: the schedule cut by each view's modeled render + backward time (the cost model's, without the
             drawn residuals), as ``--pipeline.datamanager.rebalance-every`` trains after its first epoch.
         balance_tolerance, band_floor: the schedule's cost bands, as ``--pipeline.datamanager.balance-tolerance``
