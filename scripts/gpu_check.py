@@ -1,31 +1,30 @@
 """A short bare-gsplat training loop through the Odin runtime in barrier, quality and throughput modes, and the
 kernels' share of a step: the GPU check of issue 10 (``--cpu`` runs the same flow on CPU as a dry run).
 
-Why one small file: the runtime's API is being refactored; everything that touches it is in :func:`train` (a
-runtime over the params with selective Adams, one virtual transport, ``run_virtual`` over a schedule), so the loop
-is easy to adapt. The model renders with ``odin_nerfstudio.rendering.rasterize.rasterization`` (gsplat's CUDA
-rasterizer on CUDA, the project's CPU rasterizer on CPU). Two virtual workers with one task each per step, driven
-by the trainer's step loop with two lanes (``tasks_in_flight=2``: two threads, each with its CUDA stream, gather,
-render and back-propagate a step's two tasks at once), and the barrier with one lane as the reference. Prints per
-run the step time and the runtime's bookkeeping share, then the five
-compiled ops' time on this model against the reference (the kernels' share of a step once the runtime calls
-them), and whether quality (two lanes) equals barrier (one) bit for bit (on CUDA also barrier against itself:
+Why one small file: it is the script a lent GPU runs as it is, so what touches the runtime's API is in a few functions
+(:func:`train`: a runtime over the params with selective Adams, one virtual transport, the trainer's ``run_step`` per
+step then ``settle``; ``replicated_reference``, ``sharded_loop`` and ``op_seconds``). The model renders with
+``odin_nerfstudio.rendering.rasterize.rasterization`` (gsplat's CUDA rasterizer on CUDA, the project's CPU rasterizer on
+CPU). Two virtual workers with one task each per step, driven by the trainer's step loop with two lanes
+(``tasks_in_flight=2``: two threads, each with its CUDA stream, gather, render and back-propagate a step's two tasks at
+once), and the barrier with one lane as the reference. Prints per run the step time and the runtime's bookkeeping share,
+then the five compiled ops' time on this model against the reference (the kernels' share of a step once the runtime
+calls them), and whether quality (two lanes) equals barrier (one) bit for bit (on CUDA also barrier against itself:
 gsplat's backward sums with float atomics, so quality may differ from barrier by no more than barrier differs from
 itself).
 
 ``--sharded`` runs the sharded (mixed-parallel) check instead (``--cpu --sharded`` its dry run): W = 2 ranks, each
 owning a Z-order shard of the toy ring, run the sharded barrier and sharded quality-first (``drivers/sharded_loop.py``)
-for B = 2 views per rank per step, and the model gathered in global-id order is compared with the replicated
-barrier's (one ``OdinRuntime``, W virtual workers, the same schedule). Twice: the ranks as threads of this process
-on one device (``VirtualRowExchange``), and the ranks as processes over torch.distributed (``RowAllToAll`` /
-``TableAllToAll``): gloo on CPU; NCCL with one GPU per rank on CUDA (a "cpu:gloo,cuda:nccl" group: quality-first's
-unsure flags travel as CPU tensors), skipped with a message on fewer than 2 GPUs (NCCL refuses two ranks on one
-GPU). 60k Gaussians, 20 steps, 32 x 32 pixels on CUDA (3k, 4 steps, 16 x 16 on CPU: about 12 s). The render is the
-toy renderer's pure-torch splatting (``toy.render``'s arithmetic at that size, on the device): no float atomics,
-so the sharded runs are expected to equal the replicated barrier bit for bit on CUDA as on CPU (each task renders
-the same rows in the same order with the same kernels; the sums run in the same order). On CPU any difference fails
-the check (the tests prove equality); on CUDA the largest difference is printed and the check fails above
-``SHARDED_TOLERANCE`` (a missed row or a wrong sum moves a value by about a learning rate, far above it), so a
+for B = 2 views per rank per step, and the model gathered in global-id order is compared with the replicated barrier's
+(one ``OdinRuntime``, W virtual workers, the same schedule). Twice: the ranks as threads of this process on one device
+(``VirtualRowExchange``), and the ranks as processes over torch.distributed (``RowAllToAll`` / ``TableAllToAll``): gloo
+on CPU; NCCL with one GPU per rank on CUDA (a "cpu:gloo,cuda:nccl" group), skipped with a message on fewer than 2 GPUs
+(NCCL refuses two ranks on one GPU). 60k Gaussians, 20 steps, 32 x 32 pixels on CUDA (3k, 4 steps, 16 x 16 on CPU: about
+12 s). The render is the toy renderer's pure-torch splatting (``toy.render``'s arithmetic at that size, on the device):
+no float atomics, so the sharded runs are expected to equal the replicated barrier bit for bit on CUDA as on CPU (each
+task renders the same rows in the same order with the same kernels; the sums run in the same order). On CPU any
+difference fails the check (the tests prove equality); on CUDA the largest difference is printed and the check fails
+above ``SHARDED_TOLERANCE`` (a missed row or a wrong sum moves a value by about a learning rate, far above it), so a
 difference from float rounding alone is reported, not failed.
 """
 
@@ -310,8 +309,8 @@ def sharded_threads(args: argparse.Namespace, mode: str) -> dict:
 def _sharded_rank_main(rank: int, args: argparse.Namespace, init_file: str, out_dir: str) -> None:
     """One process rank: both sharded modes over torch.distributed, each shard's model saved to ``out_dir``.
 
-    The process group is "cpu:gloo,cuda:nccl" on CUDA: the rows travel over NCCL, but quality-first's per-task
-    unsure flags (``ShardedLoop._fetch_clean``) are CPU tensors, which need gloo.
+    The process group is "cpu:gloo,cuda:nccl" on CUDA, so each collective takes the backend of its tensors'
+    device: the rows and the loop's side tables (built on the parameters' device) travel over NCCL.
     """
     torch.set_num_threads(1)
     try:

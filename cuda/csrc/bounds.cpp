@@ -5,7 +5,7 @@
 // and the row's lanes of its block's spheres, and the block's box and largest radius grow as scatter_reduce's
 // amin / amax grow them (a NaN source wins, else std::min / std::max keep the old value on a tie), in row order.
 // Returns the largest finite |coordinate| of the new centres (0 if none), which the caller folds into the index's
-// magnitude. CPU only: on CUDA the reference's torch ops run (asynchronous, no host synchronization).
+// magnitude. CPU only: on CUDA the reference's torch ops run.
 #include <torch/library.h>
 
 #include <algorithm>

@@ -4,10 +4,11 @@
 // cull_conflicts, gather_rows, the staging scatter (stage_rows, scatter_in_order), publish_adam; and five CPU-only
 // ops for the rest of the hot path's bookkeeping: refresh_bounds (the culling index after a publication),
 // validate_read (a read against the recent publications), union_rows (the sorted union of row sets), and
-// declare_rows / settle_rows (the tables' pending-write marks). Each has a
-// pure-torch reference in odin_nerfstudio/kernels/_torch_impl.py that it equals bit for bit; the shapes and
-// contracts are documented there and in odin_nerfstudio/kernels/ops.py. Every float tensor is float32 and
-// contiguous, every index tensor int64.
+// declare_rows / settle_rows (the tables' pending-write marks). Each equals bit for bit the torch code it
+// stands for: the pure-torch reference in odin_nerfstudio/kernels/_torch_impl.py, or for union_rows, declare_rows
+// and settle_rows the core's own (core/conflicts.py's union_sorted, core/tables.py's PrimitiveTables); the shapes
+// and contracts are documented there and in odin_nerfstudio/kernels/ops.py. Parameters, moments and gradients are
+// float32, the culling bounds and Adam's constants float64; every tensor contiguous, every index tensor int64.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,9 +1,9 @@
 // Schemas of Odin's bookkeeping ops (four kernels, five ops, and the CPU-only refresh_bounds, validate_read,
 // union_rows, declare_rows and settle_rows; namespace `odin`) and the input checks both backends share.
 //
-// Each op has one name; its CPU implementation is registered in <kernel>.cpp and its CUDA one in <kernel>.cu with
-// TORCH_LIBRARY_IMPL, so the dispatcher (and torch.compile) sees one op per kernel. Shapes: see odin_ops.h and
-// odin_nerfstudio/kernels/ops.py.
+// Each op has one name; its CPU implementation is registered in <kernel>.cpp and, for the four kernels' five ops,
+// its CUDA one in <kernel>.cu with TORCH_LIBRARY_IMPL, so the dispatcher (and torch.compile) sees one op per
+// kernel. Shapes: see odin_ops.h and odin_nerfstudio/kernels/ops.py.
 #include <torch/library.h>
 
 #include "odin_ops.h"

@@ -438,7 +438,8 @@ def candidate_set(
         means: Gaussian centres in world space, [N, 3].
         scales: activated (world-space) scales, [N, 3].
         camera: the task's camera.
-        margin: widening of the frustum (fraction of the image size) and of the sphere radius (fraction).
+        margin: widening of the frustum (fraction of the image size; its near plane moves by 1 + margin times
+            each radius, ``CullRegion.widened``).
         near_plane: the rasterizer's near plane.
     """
     region = CullRegion.candidates(camera, margin, near_plane)

@@ -13,8 +13,8 @@ saying so and how long it took; later processes only load the library. Built onc
 
 Two flavours:
 
-- ``cpu``: the ``.cpp`` files (schemas and CPU implementations); needs a C++17/20 compiler only. Built by
-  ``python -m odin_nerfstudio.kernels.build`` in ``scripts/setup.sh``.
+- ``cpu``: the ``.cpp`` files (schemas and CPU implementations); needs a C++20 compiler only (``std::atomic_ref``).
+  Built by ``python -m odin_nerfstudio.kernels.build`` in ``scripts/setup.sh``.
 - ``cuda``: the same plus every ``.cu`` (CPU and CUDA implementations in one library); built when CUDA is
   available and nvcc is found (``CUDA_HOME``), for ``TORCH_CUDA_ARCH_LIST`` (default: the visible GPU's arch).
 

@@ -20,8 +20,9 @@ The four kernels (five ops), with the runtime steps they stand for:
 - :func:`publish_adam`: selective Adam on the union rows fused with the version bump, each row locked while
   written, priority rows first (``SelectiveAdam.step_rows`` + ``PrimitiveTables.publish``'s version advance).
 
-Five more ops, CPU only, take the rest of the hot path's per-row bookkeeping out of Python (on CUDA their reference
-runs: torch's asynchronous ops there cost no host synchronization):
+Five more ops, CPU only, take the rest of the hot path's per-row bookkeeping out of Python (on CUDA the torch
+code they stand for runs: the reference's of :mod:`._torch_impl` for the first two, the core's own for the others;
+some of it synchronizes with the host, e.g. a bound's largest magnitude or a check's verdict read as a number):
 
 - :func:`refresh_bounds`: the culling index's bounds of the rows a publication wrote (``BoundingSpheres.update``).
 - :func:`validate_read`: a read's stale and candidate checks against the rows published since it read

@@ -154,7 +154,8 @@ def splat(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> 
 
 
 def render_gsplat(task: Task, leaves: dict[str, Tensor], generator: torch.Generator) -> tuple[Tensor, dict[str, Any]]:
-    """The same task through the project's CPU rasterizer (:func:`splat`), L1 against the view's target."""
+    """The same task through the project's rasterizer call (:func:`splat`: gsplat on CUDA, the CPU twin on CPU), L1
+    against the view's target."""
     image, info = splat(task, leaves, generator)
     return (image - target(task.view)).abs().mean(), info
 

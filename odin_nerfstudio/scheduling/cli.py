@@ -12,8 +12,9 @@ profile of epoch 0 (conflict mass of each step with its predecessor) for the sch
 Views: by default the training split, the views `ns-train odin-splat` schedules: the names in
 ``<scene>/train_list.txt`` when the scene has one, else every image of the COLMAP model at ``<scene>/sparse/0``
 but every 8th in COLMAP image-id order, which nerfstudio holds out for evaluation (``--eval-interval``, as
-odin-colmap's). ``--split all`` schedules every image of the model. Costs are the images' pixel counts; a run with
-``--pipeline.datamanager.camera-res-scale-factor`` scales them all alike.
+odin-colmap's). ``--split all`` schedules every image of the model. A view's predicted cost counts its points and
+its image's pixels (``balance.predicted_view_cost``); a run with ``--pipeline.datamanager.camera-res-scale-factor``
+scales the pixels all alike.
 """
 
 from __future__ import annotations

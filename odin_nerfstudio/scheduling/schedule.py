@@ -12,7 +12,7 @@ summed into one update, so they never conflict with each other.
 
 How, per epoch e (RNG seeded from (seed, e), so epoch e never needs epochs < e):
 1. Group: shuffle the views; cut them into cost bands (views of nearly equal cost, within a factor
-   1 + balance_tolerance, each band a multiple of S views: :mod:`odin_nerfstudio.scheduling.balance`), so that
+   1 + balance_tolerance x B, each band a multiple of S views: :mod:`odin_nerfstudio.scheduling.balance`), so that
    every step's workers cost about the same and a barrier's workers rarely wait for a slower one. In each band,
    take the first unassigned view of the shuffle as the seed of a group and grow it along the strongest RLG edge
    from any member (single linkage, edges within the band) until it holds S = W * B views, jumping to the next
