@@ -1,7 +1,7 @@
 """tyro's --help with each option's description as one paragraph, not cut where the source wraps its docstring.
 
-Used by the ns-* commands (through ``odin_nerfstudio/ns/startup.py``), ``odin-train``, ``odin-schedule`` and
-``odin-synth``; ``odin-simulate`` and ``odin-timeline`` build tyro's help as it comes.
+Used by every command that builds its help with tyro: the ns-* commands (through ``odin_nerfstudio/ns/startup.py``),
+``odin-train``, ``odin-schedule``, ``odin-synth``, ``odin-simulate`` and ``odin-timeline``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Optional
 
 import tyro
 
+from odin_nerfstudio.core.help_text import reflow_help_texts
 from odin_nerfstudio.core.timeline import Event
 from odin_nerfstudio.core.timeline_metrics import RunMetrics, load_run, rank_files
 
@@ -114,6 +115,7 @@ def draw(
 
 def main(argv: list[str] | None = None) -> None:
     """Read the run, print its figures, draw the PNG."""
+    reflow_help_texts()  # --help: each option's text as one paragraph, not cut where the source wraps
     config = tyro.cli(TimelineCliConfig, args=argv)
     run, events = load_run(config.run)
     output = config.output or rank_files(config.run)[0].trace.with_name("odin_timeline.png")

@@ -24,6 +24,7 @@ from typing import Literal, Optional
 
 import tyro
 
+from odin_nerfstudio.core.help_text import reflow_help_texts
 from odin_nerfstudio.core.timeline_metrics import load_run
 from odin_nerfstudio.culling.initial import RlgPointSets
 from odin_nerfstudio.drivers.sharded_loop import SHARDED_MODES
@@ -96,6 +97,7 @@ class SimulateCliConfig:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point `odin-simulate`: parse, simulate, print the table."""
+    reflow_help_texts()  # --help: each option's text as one paragraph, not cut where the source wraps
     config = tyro.cli(SimulateCliConfig, args=argv, prog="odin-simulate")
     try:
         lines = run(config)

@@ -227,8 +227,10 @@ from odin_nerfstudio.ns.datamanager import OdinDatamanagerConfig
 from odin_nerfstudio.ns.model import OdinSplatModelConfig
 from odin_nerfstudio.scheduling.cli import ScheduleCliConfig
 from odin_nerfstudio.scenes.synth import SynthConfig
+from odin_nerfstudio.simulation.cli import SimulateCliConfig
+from odin_nerfstudio.core.timeline_cli import TimelineCliConfig
 for cls in (OdinTrainerConfig, OdinRuntimeConfig, OdinDatamanagerConfig, OdinSplatModelConfig, ScheduleCliConfig,
-            SynthConfig):
+            SynthConfig, SimulateCliConfig, TimelineCliConfig):
     own = set(getattr(cls, "__annotations__", {}))
     for field in dataclasses.fields(cls):
         text = get_field_docstring(cls, field.name, ())
@@ -243,6 +245,15 @@ def test_help_texts_are_not_cut_where_the_source_wraps() -> None:
     done = subprocess.run([sys.executable, "-c", HELP_CHECK], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "", done.stdout
+
+
+def test_odin_simulate_prints_its_options_help_as_paragraphs() -> None:
+    """odin-simulate --help (a console command of its own) reflows its options' texts too: a sentence its source
+    wraps reaches a wide terminal on one line."""
+    env = {**os.environ, "COLUMNS": "400"}
+    done = subprocess.run(["odin-simulate", "--help"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(auto: regions with --sharded, halves from 16 workers; the locality schedule rlg otherwise)" in done.stdout
 
 
 def test_reflowing_keeps_paragraphs_and_list_items() -> None:
