@@ -170,8 +170,12 @@ def test_barrier_equals_reference_semantics(scene_name: str) -> None:
 def test_quality_equals_barrier_under_adversarial_interleavings(
     workers: int, per_worker: int, scene_name: str, interleaving: str
 ) -> None:
+    """Every interleaving but round-robin (the barrier's own order, the control: no read meets an unpublished step)
+    makes reads reach an unpublished step's writes and wait, and the model is still the barrier's bit for bit."""
     runtime = run("quality", SCENES[scene_name], workers, per_worker, adversarial(workers)[interleaving])
     assert_identical(snapshot(runtime), barrier_snapshot(scene_name, workers, per_worker))
+    met = runtime.counters.waits.get("raw", 0) + runtime.counters.overlapped_reads
+    assert (met == 0) if interleaving == "round_robin" else (met > 0), dict(runtime.counters.waits)
 
 
 def test_adversarial_runs_exercise_waits_reruns_and_reordering() -> None:
@@ -195,6 +199,8 @@ def test_quality_equals_barrier_with_the_adaptive_batch_gain(interleaving: str) 
     barrier = run("barrier", SPARSE, 2, 2, batch_gain=AdaptiveGain(4))
     quality = run("quality", SPARSE, 2, 2, adversarial(2)[interleaving], batch_gain=AdaptiveGain(4))
     assert_identical(snapshot(quality), snapshot(barrier))
+    if interleaving != "round_robin":  # the barrier's own order reads nothing ahead
+        assert quality.counters.waits.get("raw", 0) + quality.counters.overlapped_reads > 0
     gains = [optimizer.param_groups[0]["lr_gain"] for optimizer in quality.optimizers.values()]
     assert gains == [optimizer.param_groups[0]["lr_gain"] for optimizer in barrier.optimizers.values()]
     assert any(gain != 1.0 for gain in gains), gains
@@ -380,23 +386,30 @@ def structural_change(runtime: OdinRuntime) -> torch.Tensor:
 
 @pytest.mark.parametrize("interleaving", [[], [1] * 40, [0] + [1] * 40])
 def test_structural_change_behind_drain_keeps_equivalence(interleaving: list[int]) -> None:
-    results = {}
+    """A densification after step 4 runs on a drained runtime (nothing staged, nothing pending) in either mode, and
+    quality-first, whose reads met unpublished steps where the interleaving runs a worker ahead, still ends at the
+    barrier's model."""
+    results, runtimes = {}, {}
     for mode, turns in (("barrier", []), ("quality", interleaving)):
         runtime = make_runtime(
             OdinRuntimeConfig(mode=mode), make_params(), lr_scale=8.0, topology=Topology(2, 2)
         )
         schedule = schedule_of(SPARSE, 2, 2)
-        versions_before = {}
+        drained = []
 
         def change(rt: OdinRuntime) -> torch.Tensor:
-            versions_before["v"] = rt.tables.versions.clone()
+            drained.append(rt.shadow.open_slots() == [] and bool((rt.tables.pending_step == -1).all()))
             return structural_change(rt)
 
         run_virtual(runtime, schedule, turns, structural_changes={4: change})
-        results[mode] = snapshot(runtime)
+        assert drained == [True], f"{mode}: the structural change did not run behind a drain"
+        results[mode], runtimes[mode] = snapshot(runtime), runtime
         assert runtime.num_primitives == 144 - len(range(3, 144, 7))
         assert runtime.tables.num_primitives == runtime.num_primitives
     assert_identical(results["quality"], results["barrier"])
+    if interleaving:  # [] is the barrier's own order: nothing read ahead
+        counters = runtimes["quality"].counters
+        assert counters.waits.get("raw", 0) + counters.overlapped_reads > 0
 
 
 def test_remap_carries_tables_through_gsplat_ops() -> None:
