@@ -54,7 +54,7 @@ LRS = {
 def make_model(num_rows: int, seed: int, device: str, shapes: dict[str, tuple[int, ...]] = SHAPES) -> tuple[
     dict[str, torch.nn.Parameter], dict[str, SelectiveAdam]
 ]:
-    """Random parameters [N, ...] and their SelectiveAdams (moments made non-trivial by a few dense steps)."""
+    """Random parameters [N, ...] and their fresh SelectiveAdams (zero moments, step 0)."""
     generator = torch.Generator().manual_seed(seed)
     params = {
         name: torch.nn.Parameter(torch.randn(num_rows, *shape, generator=generator).to(device))

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from odin_nerfstudio.core.camera import Camera
@@ -266,6 +266,7 @@ def test_refresh_bounds_equals_reference(num_rows: int, seed: int, moved: int, o
     require_compiled("cpu")
     generator = torch.Generator().manual_seed(seed)
     bounds = _scene(generator, num_rows, "cpu")
+    assume(bounds.blocks is not None)  # without a block index the op falls back to the reference itself
     rows = random_rows(generator, num_rows, moved, "cpu")
     means = 4.0 * torch.randn(rows.numel(), 3, generator=generator) + 6.0 * torch.rand((), generator=generator)
     scales = 0.5 * torch.rand(rows.numel(), 3, generator=generator)

@@ -1,6 +1,6 @@
 """Faults under torchrun (two gloo ranks) end cleanly: a stopped rank ends the job within the wait timeout plus
-seconds, naming it; rank 0's evaluation longer than the wait timeout does not fail the run; SIGTERM ends a
-training process with one line, never pycolmap's native stack trace."""
+seconds, naming it; rank 0's evaluation longer than the wait timeout does not fail the run. (SIGTERM's one line,
+never pycolmap's native stack trace, is ``tests/ns/test_signals.py``'s.)"""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def test_ddp_on_its_first_step_equals_the_sparse_barrier() -> None:
 
 
 def test_hogwild_never_waits_on_a_conflict_and_never_reruns() -> None:
-    """Under the adversarial interleaving that makes quality-first wait and re-run, HOGWILD reads stale instead."""
+    """Under the adversarial interleaving that makes quality-first wait, HOGWILD reads stale instead."""
     interleaving = adversarial(2)["last_runs_ahead"]
     quality = run("quality", DENSE, 2, 2, interleaving)
     hogwild = run("hogwild", DENSE, 2, 2, interleaving)

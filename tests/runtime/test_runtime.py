@@ -358,6 +358,7 @@ def test_throughput_counts_the_stale_reads_that_reach_the_model() -> None:
 
 def test_throughput_with_zero_gradient_ratio_admits_nothing() -> None:
     runtime = run("throughput", DENSE, 2, 1, [1] * 40, stale_fraction=1.0, stale_grad_ratio=0.0)
+    assert runtime.counters.waits.get("raw", 0) > 0, "no conflicting read reached the admission rule"
     assert runtime.counters.stale_reads == []
     assert_identical(snapshot(runtime), barrier_snapshot("dense", 2, 1))
 
@@ -372,6 +373,7 @@ def test_escape_from_candidate_set_is_detected_and_rerun() -> None:
     assert quality.counters.validation_failures["escape"] > 0
     assert_identical(snapshot(quality), snapshot(barrier))
     assert barrier.counters.reruns == barrier.counters.validation_failures["escape"]
+    assert quality.counters.reruns >= quality.counters.validation_failures["escape"]
 
 
 def structural_change(runtime: OdinRuntime) -> torch.Tensor:
