@@ -195,7 +195,7 @@ def replicated_densified(schedule: list, workers: int, gain: AdaptiveGain | None
 
 
 def test_the_adaptive_batch_rule_sets_the_same_gains_on_every_owner_as_on_the_replica() -> None:
-    """Owners gather the merged gradient's row norms in global-id order and the ranks' task norms in rank order:
+    """Owners gather the merged gradient's row norms in global-id order and the ranks' task norms in worker order:
     the gains, hence every Adam step, equal the replicated barrier's with the same rule."""
     workers, per_worker = 3, 2
     schedule = make_schedule(STEPS, workers, per_worker, VIEWS, focal_scale=2.0)
@@ -311,7 +311,8 @@ def test_sharded_barrier_equals_the_replicated_barrier_bit_for_bit(workers: int)
 def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barrier(workers: int) -> None:
     """Each step's workers on the ranks owning most of their rows: the owners sum in worker order, so the model is
     the replicated barrier's bit for bit; workers did move off their own ranks, and fewer rows crossed ranks. Every
-    rank's measured time came with the returns, the same on every rank, and the placements counted it."""
+    rank's measured time came with the returns, the same on every rank, and the placements counted it. Placed
+    quality-first whose reads run ahead equals the placed barrier too."""
     schedule = make_schedule(STEPS, workers, 2, VIEWS, focal_scale=2.0)
     cuts = ShardCuts.even(120, workers)
     reference = replicated_barrier(schedule, workers, 2)
@@ -327,6 +328,13 @@ def test_placed_workers_read_more_rows_where_they_live_and_still_equal_the_barri
     _, moved = sharded(schedule, cuts, "barrier", place=True)
     remote = [sum(c.counters.rows_fetched - c.counters.rows_local for c in run) for run in (fixed, moved)]
     assert remote[1] < remote[0], remote
+    # Placed quality-first where reads run ahead (as in the read-ahead test below: K = 2, a real run's rates, a
+    # narrow field of view): still the placed barrier's model, with tasks run ahead and workers moved.
+    schedule = make_schedule(STEPS, workers, 2, VIEWS, focal_scale=6.0)
+    barrier, _ = sharded(schedule, cuts, "barrier", lr_scale=0.02, place=True)
+    quality, loops = sharded(schedule, cuts, "quality", lr_scale=0.02, ring_slots=2, place=True)
+    assert_identical(quality, barrier)
+    assert sum(loop.counters.ran_ahead for loop in loops) > 0 and sum(loop.counters.placed for loop in loops) > 0
 
 
 @pytest.mark.parametrize("workers", [2, 3])
