@@ -1,8 +1,9 @@
 """Quality-first equals the barrier baseline bit for bit on real and synthetic scenes with OdinSplatModel.
 
 68 schedule steps on W = 4 virtual workers, including one densification (grow and prune) and opacity resets,
-under run-ahead and random interleavings: parameters and Adam moments are `torch.equal`. (W = 2: the street through
-the trainer across a densification in ``tests/ns/test_trainer.py``; kermit_320 for 20 steps in the escape test below.)
+under run-ahead and random interleavings: parameters and Adam moments are `torch.equal`. (W = 2: kermit_320 for 20
+steps in the escape test below; the street through the trainer across a densification in ``tests/ns/test_trainer.py``,
+where in one process no read meets an unpublished step: it checks the trainer's path, not reads ahead.)
 """
 
 from __future__ import annotations
