@@ -14,7 +14,7 @@ import pytest
 import torch
 from gsplat.strategy import DefaultStrategy
 from gsplat.strategy.ops import duplicate, remove
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from odin_nerfstudio.core.batch_gain import AdaptiveGain
@@ -293,10 +293,29 @@ def changed_rows_since_read(runtime: OdinRuntime, key: TaskKey) -> dict[int, int
 def test_quality_equals_barrier_and_never_reads_stale_values(workers, per_worker, scene_name, data) -> None:
     interleaving = data.draw(st.lists(st.integers(0, workers - 1), max_size=80), label="interleaving")
     runtime = run("quality", SCENES[scene_name], workers, per_worker, interleaving, record_reads=True)
+    target(float(runtime.counters.overlapped_reads), label="reads before the step before was published")
     assert_identical(snapshot(runtime), barrier_snapshot(scene_name, workers, per_worker))
     assert len(runtime.final_reads) == STEPS * workers * per_worker
     for key in runtime.final_reads:
         assert changed_rows_since_read(runtime, key) == {}, f"task {key} used a value older than step {key[0]}"
+
+
+def test_the_stale_value_checks_meet_reads_ahead() -> None:
+    """The two properties around this test check every final read against the rows published since it read; here,
+    on fixed interleavings, there are such reads: quality-first keeps reads made before the step before was
+    published (none used an older value), and throughput-first keeps admitted stale reads within its bounds."""
+    quality = run("quality", SPARSE, 2, 2, adversarial(2)["bursts"], record_reads=True)
+    ahead = [key for key, record in quality.final_reads.items() if record.read_mark < key[0] - 1]
+    assert ahead and all(changed_rows_since_read(quality, key) == {} for key in quality.final_reads)
+    throughput = run(
+        "throughput", DENSE, 2, 1, adversarial(2)["last_runs_ahead"], stale_fraction=0.5, stale_grad_ratio=5.0,
+        max_staleness=2, record_reads=True,
+    )
+    kept = [stale for stale in throughput.counters.stale_reads if stale.kept]
+    assert kept, "no stale read was kept"
+    for stale in kept:
+        missed = changed_rows_since_read(throughput, stale.key)
+        assert missed and set(missed) <= set(throughput.final_reads[stale.key].stale_rows.tolist())
 
 
 @settings(max_examples=20, deadline=None)
@@ -319,6 +338,7 @@ def test_throughput_never_exceeds_its_bounds(stale_fraction, max_staleness, work
         max_staleness=max_staleness,
         record_reads=True,
     )
+    target(float(len(runtime.counters.stale_reads)), label="stale reads admitted")
     for stale in runtime.counters.stale_reads:
         assert stale.fraction <= stale_fraction and stale.staleness <= max_staleness
         assert stale.kept == bool(runtime.final_reads[stale.key].admitted)
