@@ -159,10 +159,10 @@ def test_sharded_ranks_equal_the_replicated_barrier_resume_and_serve_every_verb(
 @pytest.mark.slow
 def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead(tmp_path: Path) -> None:
     """W = 3 (uneven shards) on an odin-synth street: sharded quality-first (behind the emulated PCIe link) equals the
-    replicated barrier of 3 virtual workers bit for bit, and its reads ran ahead of unpublished steps, some of them
-    on rows their own owner published early (``Owner.publish_early``); sharded throughput-first's PSNR is within 1%
-    of that barrier's. (The sharded barrier equals the replicated one at W = 3 in ``tests/runtime/test_sharded.py``,
-    through the CLI at W = 2 above.)"""
+    replicated barrier of 3 virtual workers bit for bit, and its reads ran ahead of unpublished steps, some of them on
+    rows their own owner published early (``Owner.publish_early``); sharded throughput-first, its bounds lifted, keeps
+    stale values (its model is not the barrier's) and its PSNR is within 1% of that barrier's. (The sharded barrier
+    equals the replicated one at W = 3 in ``tests/runtime/test_sharded.py``, through the CLI at W = 2 above.)"""
     # The locality order, K = 2 for quality-first (one step fetched ahead): on this small street, in the regional
     # order (the sharded default) a worker's next view overlaps what the step before writes, and at K = 4 a task
     # must be clear of three unpublished steps' writes; in either case no read runs ahead. A step runs ahead only
@@ -173,8 +173,9 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     virtual = ["--pipeline.datamanager.num-workers", "3", "--runtime.mode", "barrier"]
     steps = 14  # 9 tasks ran ahead and 2 were settled locally here (3 and 1 in 10 steps)
     runs = [start(scene, tmp_path, "virtual", *street, *virtual, iterations=steps)]
-    for mode, link in (("quality", "pcie"), ("throughput", "none")):
-        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link]
+    lifted = ["--runtime.stale-fraction", "1", "--runtime.stale-grad-ratio", "1000"]  # every stale read admitted
+    for mode, link, bounds in (("quality", "pcie", []), ("throughput", "none", lifted)):
+        sharded = ["--sharded", "True", "--runtime.mode", mode, "--interconnect", link, *bounds]
         runs.append(start(scene, tmp_path, mode, *street, *sharded, ranks=3, iterations=steps))
     for run in runs:
         finish(run)
@@ -187,12 +188,17 @@ def test_three_sharded_ranks_on_a_sparse_street_equal_the_barrier_and_read_ahead
     assert len({c["rest_fetches"] for c in counters}) == 1, "every rank fetched the rest of the same steps"
     assert all(c["placed"] > 0 for c in counters), "workers ran on other ranks than their numbers"
 
-    # Throughput-first: stale reads admitted at the owners; its held-out PSNR within 1% of the barrier's (ns-eval's
-    # code in this process: ns-eval itself on a sharded run is the first test's).
+    # Throughput-first, its bounds lifted: stale reads admitted at the owners, and kept, so that the model is not the
+    # barrier's (with the default bounds this short run kept none that read a changed row: it ended at the barrier's
+    # model bit for bit); its held-out PSNR within 1% of the barrier's (ns-eval's code in this process: ns-eval
+    # itself on a sharded run is the first test's).
     folder = run_folder(tmp_path, "throughput")
     counters = [json.loads((folder / f"odin_counters_rank{r}.json").read_text()) for r in range(3)]
     print("throughput stale reads", [c["stale_reads"] for c in counters], "re-runs", [c["reruns"] for c in counters])
     assert sum(c["stale_reads"] for c in counters) > 0, "a PSNR band met without stale reads says nothing of them"
+    stale_model, barrier_model = params_of(checkpoint(tmp_path, "throughput", last)), params_of(checkpoint(
+        tmp_path, "virtual", last))
+    assert not all(torch.equal(stale_model[key], barrier_model[key]) for key in barrier_model), "no stale value kept"
     psnr = {name: psnr_here(tmp_path, name) for name in ("virtual", "throughput")}
     print("PSNR", psnr)
     assert abs(psnr["throughput"] - psnr["virtual"]) <= 0.01 * psnr["virtual"]
