@@ -3,19 +3,18 @@ progress thread runs every exchange's collectives, in step order, behind the ``c
 
 Its design, in four decisions:
 
-- A progress thread per transport owns every collective of the exchanges. ``start_exchange`` only queues (step,
-  update); the thread issues the header all_gather (each rank's rows, statistics entries, tasks, span, and its
-  tasks' squared gradient norms, ``SparseUpdate.sq_norms``, float64 bits as int64; ``comm/wire.py``), waits,
-  issues the payload sized from it, waits, merges and marks the handle done. Why: a payload sized from the header
-  cannot be issued with it, and when the main thread issued it (at its next ``done()`` / ``wait()``), a rank deep
-  in a long render held back every rank's payload. Now progress never depends on a rank polling; ``done()`` never
-  blocks and ``wait(timeout)`` waits on a condition. Each collective is waited for at most the transport's
-  ``timeout``, asleep on its future on gloo, polling its completion on NCCL (never a timed wait on the work: on
-  gloo that timeout becomes the collective's own, so a short one fails it when a peer is late;
-  :meth:`DistributedTransport.close` ends the wait); an error (a timeout naming the step and what it waited for,
-  or a failed collective) fails that exchange and every later one, and reaches their next ``done()`` /
-  ``wait()``. Whoever creates the transport (the trainer) closes it before the launcher
-  destroys the process group, as the launcher stops the heartbeat.
+- A progress thread per transport owns every collective of the exchanges. ``start_exchange`` only queues (step, update);
+  the thread issues the header all_gather (each rank's rows, statistics entries, tasks, span, asked rows and whether it
+  asks, and its tasks' squared gradient norms, ``SparseUpdate.sq_norms``, float64 bits as int64; ``comm/wire.py``),
+  waits, issues the payload sized from it, waits, merges and marks the handle done. Why: a payload sized from the header
+  cannot be issued with it, and when the main thread issued it (at its next ``done()`` / ``wait()``), a rank deep in a
+  long render held back every rank's payload. Now progress never depends on a rank polling; ``done()`` never blocks and
+  ``wait(timeout)`` waits on a condition. Each collective is waited for at most the transport's ``timeout``, asleep on
+  its future on gloo, polling its completion on NCCL (never a timed wait on the work: on gloo that timeout becomes the
+  collective's own, so a short one fails it when a peer is late; :meth:`DistributedTransport.close` ends the wait); an
+  error (a timeout naming the step and what it waited for, or a failed collective) fails that exchange and every later
+  one, and reaches their next ``done()`` / ``wait()``. Whoever creates the transport (the trainer) closes it before the
+  launcher destroys the process group, as the launcher stops the heartbeat.
 - Any number of exchanges may be in flight, and the thread runs them one after the other in step order. Why: gloo
   and NCCL pair the ranks' collectives by the order they are issued, so every rank must issue the same sequence;
   the runtime starts exchanges in step order on every rank (a step out of order is an error), and one thread that

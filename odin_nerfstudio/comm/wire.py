@@ -218,5 +218,6 @@ def gathered_stats(
 
 
 def longest_of(sizes: Sequence[Sizes]) -> Sizes:
-    """The largest rows, entries, tasks and span of any rank (the padded lengths of the messages)."""
+    """The largest of each field of :class:`Sizes` over the ranks (rows, entries, tasks, span, asked rows and
+    asks: the padded lengths of the messages)."""
     return Sizes(*(max(getattr(s, f.name) for s in sizes) for f in dataclasses.fields(Sizes)))

@@ -114,8 +114,8 @@ class Wait:
 
     Attributes:
         task: the task.
-        reason: "raw" (conflicting rows), "ring" (its ring slot still holds step - K), "barrier" (barrier mode:
-            the previous step).
+        reason: "raw" (conflicting rows), "ring" (its ring slot still holds step - K), "barrier" (the barrier
+            and ddp modes: the previous step).
         step: the step whose publication ends the wait.
         rows: the conflicting primitives, sorted int64 [M] (empty unless "raw").
     """
@@ -128,7 +128,8 @@ class Wait:
 
 @dataclass
 class StaleRead:
-    """One admitted stale read (throughput): task, rows read stale, the largest staleness and the fraction.
+    """One admitted stale read (throughput-first; HOGWILD reads every conflicting row so): task, rows read stale,
+    the largest staleness and the fraction.
 
     ``kept`` becomes True when the task's update is exchanged with this read (validation did not re-run the task
     on fresh state): the stale read then reached the model.
