@@ -251,7 +251,8 @@ def test_odin_simulate_prints_its_options_help_as_paragraphs() -> None:
     """odin-simulate --help (a console command of its own) reflows its options' texts too: a sentence its source
     wraps reaches a wide terminal on one line."""
     env = {**os.environ, "COLUMNS": "400"}
-    done = subprocess.run(["odin-simulate", "--help"], capture_output=True, text=True, timeout=300, env=env)
+    command = [str(Path(sys.executable).with_name("odin-simulate")), "--help"]  # the venv's, whatever PATH holds
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "(auto: regions with --sharded, halves from 16 workers; the locality schedule rlg otherwise)" in done.stdout
 
