@@ -86,8 +86,9 @@ class AdmissionPolicy:
         return None
 
     def reruns(self, failures: Sequence[str]) -> bool:
-        """Whether a task whose validation found ``failures`` is re-run on the synchronous state."""
-        return bool(failures)
+        """Whether a task whose validation found ``failures`` is re-run on the synchronous state (never in a mode
+        that does not validate)."""
+        return self.validates and bool(failures)
 
     def settled(self, key: TaskKey, rerun: bool) -> bool:
         """Task ``key`` was validated: re-run, or exchanged with the read it made; returns whether a stale read it
@@ -225,10 +226,6 @@ class HogwildPolicy(AdmissionPolicy):
         fraction = conflicts.rows.numel() / max(candidate.numel(), 1)
         stale = StaleRead(task.key, conflicts.rows.numel(), task.step - first, fraction, kept=True)
         return tuple(StepRows(step, conflicts.rows) for step in range(first, task.step)), stale
-
-    def reruns(self, failures: Sequence[str]) -> bool:
-        """Never."""
-        return False
 
 
 POLICIES: dict[str, type[AdmissionPolicy]] = {

@@ -179,8 +179,7 @@ class Simulation:
         self._plans = [self.schedule.at(s) for s in range(config.steps)]
         self._cameras = [ViewCamera(int(p)) for p in workload.pixels]
         self._residuals = np.asarray(costs.residuals, dtype=np.float64)
-        policy = POLICIES[config.runtime.mode].of(config.runtime)
-        reruns = policy.validates and policy.reruns(["escape"])  # ddp and hogwild validate nothing, re-run nothing
+        reruns = POLICIES[config.runtime.mode].of(config.runtime).reruns(["escape"])
         self._rerun_share = costs.rerun_share if reruns else 0.0
 
     def tasks(self, step: int, worker: int) -> tuple[int, ...]:
